@@ -1,0 +1,103 @@
+"""The record of one graded item: what the pipeline produces and what scoring and reports read.
+
+An ``ItemResult`` travels from an xdist worker to the controller as a plain dict attached to the
+test report (``report.kcoral_result``), so every field is JSON-serializable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# Stages in the order they run; ``done`` means every stage passed.
+STAGES = ("compile", "correctness", "timing")
+STAGE_DONE = "done"
+
+# Timing methods, best first (section 5 of the spec).
+TIMER_METHODS = ("cupti", "events", "wall")
+
+
+@dataclass
+class TimingStats:
+    """What one timer measured for one callable (all times in microseconds)."""
+
+    method: str  # "cupti" | "events" | "wall" | "host" (host clock chosen over a far smaller GPU span)
+    median_us: float
+    iqr_us: float = 0.0
+    min_us: float = 0.0
+    n: int = 0
+    rse: float = 0.0  # relative standard error of the median
+    busy_us: float | None = None  # CUPTI: sum of activity durations inside the span
+    records: int | None = None  # CUPTI: activity records per call
+    host_median_us: float | None = None  # synchronized host wall clock per call
+    host_bound: bool = False  # host time far above the GPU span: timed by the host clock
+    same_work_every_call: bool | None = None  # every timed call launched the same set of kernels
+    flags: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> TimingStats | None:
+        if data is None:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class ItemResult:
+    """Outcome of one (case, candidate, shape) item."""
+
+    nodeid: str
+    case: str  # case id: the case folder relative to the rootdir, e.g. "cases/vector_add"
+    candidate: str  # candidate name, e.g. "triton_v2" or "team-a/attempt1"
+    split: str  # "seen" | "unseen"
+    shape: dict[str, Any]
+    shape_id: str  # e.g. "n=4096"
+    tier: int = 1
+    team: str | None = None  # submissions only
+    attempt: str | None = None  # submissions with several attempts
+
+    # How far it got: the stage that failed, or "done".
+    stage: str = "compile"
+    outcome: str = "failed"  # "passed" | "failed" | "skipped"
+    compiled: bool = False
+    correct: bool | None = None  # None: correctness not reached
+    baseline_correct: bool | None = None  # the baseline checked against the reference on this shape
+    message: str | None = None  # one screen saying why it failed or was skipped
+    phase: str | None = None  # phase inside the stage where a process died or timed out
+
+    t_baseline_us: float | None = None
+    t_candidate_us: float | None = None
+    speedup: float | None = None  # t_baseline / t_candidate, only between like timing methods
+    timer: str | None = None  # method of the candidate's timing
+    baseline_timing: dict[str, Any] | None = None  # TimingStats.to_dict()
+    candidate_timing: dict[str, Any] | None = None
+
+    device: str | None = None  # "cpu" or "cuda:<index into the visible devices>"
+    lease_wait_ms: float | None = None
+    lease_held_ms: float | None = None
+    duration_s: float | None = None
+
+    weak_reference: bool | None = None  # zeros or a constant match the reference within tolerance
+    suspicious: list[str] = field(default_factory=list)  # static report on the candidate source
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ItemResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def speedup_between(baseline: TimingStats | None, candidate: TimingStats | None) -> float | None:
+    """``t_baseline / t_candidate`` when both were timed by the same method, else None."""
+    if baseline is None or candidate is None:
+        return None
+    if baseline.method != candidate.method or candidate.median_us <= 0:
+        return None
+    return baseline.median_us / candidate.median_us
