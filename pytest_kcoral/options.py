@@ -1,0 +1,111 @@
+"""Command-line options and the settings object every other module reads them from."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MODES = ("full", "correctness")
+TOLERANCE_MODES = ("elementwise", "strict")
+TIMER_CHOICES = ("auto", "cupti", "events", "wall")
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kcoral", "GPU kernel grading (pytest-kcoral)")
+    group.addoption("--kcoral-mode", choices=MODES, default="full",
+                    help="full: compile, correctness and timing; correctness: stop after correctness")
+    group.addoption("--kcoral-submissions", metavar="DIR", action="append", default=[],
+                    help="Grade submissions DIR/<team>/<case>.py or DIR/<team>/<case>/<attempt>.py")
+    group.addoption("--kcoral-trials", type=int, default=3, metavar="N",
+                    help="Fresh input sets checked for correctness (default 3)")
+    group.addoption("--kcoral-timeout", type=float, default=300.0, metavar="S",
+                    help="Seconds one item may take in all (default 300)")
+    group.addoption("--kcoral-min-speedup", type=float, default=None, metavar="X",
+                    help="Fail items slower than X times the baseline")
+    group.addoption("--kcoral-tolerance", choices=TOLERANCE_MODES, default="elementwise",
+                    help="elementwise: |out-ref| <= atol + rtol*|ref|; strict: max-abs <= atol and max-rel <= rtol")
+    group.addoption("--kcoral-timer", choices=TIMER_CHOICES, default="auto",
+                    help="Force a timing method (default: the best available)")
+    group.addoption("--kcoral-seed", type=int, default=None, metavar="N",
+                    help="Seed for input generation (default: drawn fresh and kept secret from candidates)")
+    group.addoption("--kcoral-devices", default=None, metavar="LIST",
+                    help="Devices to grade on, as indices into the visible devices, e.g. 0,1")
+    group.addoption("--kcoral-lease-dir", default=None, metavar="DIR",
+                    help="Directory of the host-wide device lock files")
+    group.addoption("--kcoral-lease-timeout", type=float, default=None, metavar="S",
+                    help="Give up waiting for a device after S seconds (default: wait)")
+    group.addoption("--kcoral-json", default=None, metavar="PATH",
+                    help="Write the session's results as one JSON document")
+    group.addoption("--kcoral-compare", default=None, metavar="OLD.json",
+                    help="Compare speedups with a saved --kcoral-json run")
+    group.addoption("--kcoral-compare-fail", default=None, metavar="PCT",
+                    help="With --kcoral-compare: fail candidates slower than the saved run by more than PCT, e.g. 5%%")
+    group.addoption("--kcoral-url", default=None, metavar="URL",
+                    help="Send GPU work to a KCoral service (default: $KCORAL_URL)")
+    group.addoption("--kcoral-sandbox", action="store_true", default=False,
+                    help="Run children under bubblewrap (read-only system, private workspace, no network)")
+    group.addoption("--kcoral-artifacts", default=None, metavar="DIR",
+                    help="Directory for diagnostics files")
+    group.addoption("--kcoral-timing-budget", type=float, default=None, metavar="S",
+                    help="Seconds of timed samples per callable (default 1.0 on a GPU, 0.2 on a CPU)")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The options of this session, validated once."""
+
+    mode: str
+    submissions: tuple[Path, ...]
+    trials: int
+    timeout_s: float
+    min_speedup: float | None
+    tolerance: str
+    timer: str | None  # None: best available
+    seed: int
+    seed_is_secret: bool
+    devices: str | None
+    lease_dir: Path | None
+    lease_timeout_s: float | None
+    json_path: Path | None
+    url: str | None
+    sandbox: bool
+    artifacts: Path | None
+    timing_budget_s: float | None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
+        opt = config.getoption
+        if opt("kcoral_trials") < 1:
+            raise pytest.UsageError("--kcoral-trials must be at least 1")
+        if opt("kcoral_timeout") <= 0:
+            raise pytest.UsageError("--kcoral-timeout must be positive")
+        given_seed = opt("kcoral_seed")
+        if seed is None:
+            seed = given_seed if given_seed is not None else secrets.randbits(63)
+        json_path = opt("kcoral_json")
+        lease_dir = opt("kcoral_lease_dir")
+        artifacts = opt("kcoral_artifacts")
+        timer = opt("kcoral_timer")
+        return cls(
+            mode=opt("kcoral_mode"),
+            submissions=tuple(Path(p) for p in opt("kcoral_submissions")),
+            trials=opt("kcoral_trials"),
+            timeout_s=opt("kcoral_timeout"),
+            min_speedup=opt("kcoral_min_speedup"),
+            tolerance=opt("kcoral_tolerance"),
+            timer=None if timer == "auto" else timer,
+            seed=seed,
+            seed_is_secret=given_seed is None,
+            devices=opt("kcoral_devices"),
+            lease_dir=Path(lease_dir) if lease_dir else None,
+            lease_timeout_s=opt("kcoral_lease_timeout"),
+            json_path=Path(json_path) if json_path else None,
+            url=opt("kcoral_url") or os.environ.get("KCORAL_URL") or None,
+            sandbox=opt("kcoral_sandbox"),
+            artifacts=Path(artifacts) if artifacts else None,
+            timing_budget_s=opt("kcoral_timing_budget"),
+        )
