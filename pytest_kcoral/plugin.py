@@ -23,5 +23,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[settings_key] = Settings.from_config(config, seed=seed)
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:  # xdist controller hook: hand the session seed on
     node.workerinput["kcoral_seed"] = node.config.stash[settings_key].seed
