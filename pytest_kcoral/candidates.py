@@ -1,0 +1,60 @@
+"""Collect step, part two: find the candidates of a case.
+
+Candidates are files only: this module never imports or executes them (they are untrusted and run
+in child processes). Sources: ``<case>/candidates/*.py``, the ``v*.py``-style siblings of a KCoral
+``bench.py``, and ``--kcoral-submissions DIR`` laid out as ``DIR/<team>/<case>.py`` or
+``DIR/<team>/<case>/<attempt>.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_kcoral.cases import KCORAL_BENCH, Case
+
+# Files beside bench.py that belong to the case, not to its candidates.
+_BENCH_CASE_FILES = {"bench.py", "baseline.py", "conftest.py", "__init__.py"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # unique within the case; part of the item id
+    path: Path
+    team: str | None = None
+    attempt: str | None = None
+
+
+def find_candidates(case: Case, submission_dirs: tuple[Path, ...] = ()) -> list[Candidate]:
+    """All candidates of ``case`` in a deterministic order: bundled first, then submissions."""
+    found = _bundled(case)
+    for root in submission_dirs:
+        found.extend(_submitted(case, root))
+    return found
+
+
+def _py_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".py" and not p.name.startswith("_"))
+
+
+def _bundled(case: Case) -> list[Candidate]:
+    if case.format == KCORAL_BENCH:
+        files = [p for p in _py_files(case.folder) if p.name not in _BENCH_CASE_FILES]
+    else:
+        files = _py_files(case.folder / "candidates")
+    return [Candidate(p.stem, p) for p in files]
+
+
+def _submitted(case: Case, root: Path) -> list[Candidate]:
+    if not root.is_dir():
+        return []
+    found = []
+    for team_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        single = team_dir / f"{case.name}.py"
+        if single.is_file():
+            found.append(Candidate(team_dir.name, single, team=team_dir.name))
+        for attempt in _py_files(team_dir / case.name):
+            found.append(Candidate(f"{team_dir.name}/{attempt.stem}", attempt, team=team_dir.name, attempt=attempt.stem))
+    return found

@@ -1,0 +1,129 @@
+"""Inside a child: one calling convention over the three case formats and the candidate forms.
+
+``CaseRuntime`` makes seeded inputs and calls the reference and the baseline; ``CandidateRuntime``
+loads a candidate and turns it into a zero-argument callable per input set (``run``, ``prepare``
+or a KernelBench ``ModelNew``). Only children import this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from pytest_kcoral.cases import KCORAL_BENCH, KERNELBENCH, import_case_module
+
+
+class CandidateError(Exception):
+    """The candidate file does not have the shape of a candidate."""
+
+
+class CaseRuntime:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.format = spec["format"]
+        self.device = spec["device"]
+        self.init_seed = int(spec.get("init_seed", 0))
+        self.module = import_case_module(Path(spec["source"]))
+        self._baseline_fn: Callable[..., Any] | None = getattr(self.module, "baseline", None)
+        if self._baseline_fn is None and spec.get("baseline_file"):
+            self._baseline_fn = _baseline_from_file(Path(spec["baseline_file"]))
+        self._models: dict[str, Any] = {}
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def make_inputs(self, shape: dict[str, Any], seed: int) -> tuple:
+        import torch
+
+        torch.manual_seed(seed)  # seeds every device's generator
+        if self.format == KERNELBENCH:
+            self.set_globals(shape)
+            values = self.module.get_inputs()
+            return tuple(v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values)
+        if self.format == KCORAL_BENCH:
+            # KCoral's make_inputs(case) takes no device: the item's device is made the default.
+            with torch.device(self.device):
+                values = self.module.make_inputs(dict(shape))
+        else:
+            values = self.module.make_inputs(dict(shape), self.device)
+        return tuple(values) if isinstance(values, (tuple, list)) else (values,)
+
+    def set_globals(self, shape: dict[str, Any]) -> None:
+        for name, value in shape.items():
+            setattr(self.module, name, value)
+
+    # -- oracle and baseline ----------------------------------------------------------------
+
+    def reference(self, shape: dict[str, Any], args: tuple) -> Any:
+        if self.format == KERNELBENCH:
+            return self.bind_model(self.module.Model, shape, args)()
+        return self.module.reference(*args)
+
+    def baseline(self, shape: dict[str, Any], args: tuple) -> Any:
+        return self.bind_baseline(shape, args)()
+
+    def bind_baseline(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
+        if self.format == KERNELBENCH:
+            return self.bind_model(self.module.Model, shape, args)
+        fn = self._baseline_fn or self.module.reference
+        return lambda: fn(*args)
+
+    def bind_model(self, model_class: Any, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
+        """A KernelBench model built under the init seed, so reference and candidate weights match."""
+        import torch
+
+        key = f"{model_class.__module__}.{model_class.__qualname__}:{sorted(shape.items())}"
+        model = self._models.get(key)
+        if model is None:
+            self.set_globals(shape)
+            init_inputs = self.module.get_init_inputs()
+            torch.manual_seed(self.init_seed)
+            model = model_class(*init_inputs).to(self.device)
+            self._models[key] = model
+
+        def call() -> Any:
+            with torch.no_grad():
+                return model(*args)
+
+        return call
+
+
+def _baseline_from_file(path: Path) -> Callable[..., Any]:
+    module = import_case_module(path, "baseline")
+    for name in ("baseline", "run"):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return fn
+    raise CandidateError(f"{path}: defines neither baseline() nor run()")
+
+
+class CandidateRuntime:
+    """A loaded candidate. Importing it is the compile stage's 'import' phase."""
+
+    def __init__(self, path: str, case: CaseRuntime, shape: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.case = case
+        self.module = import_case_module(self.path, "candidate")
+        if case.format == KERNELBENCH:
+            model_class = getattr(self.module, "ModelNew", None)
+            if model_class is None:
+                raise CandidateError(f"{self.path}: a KernelBench candidate must define class ModelNew")
+            self.entry = "ModelNew"
+            self._model_class = model_class
+            # build now: constructors compile extensions, and that belongs to the compile stage
+            case.bind_model(model_class, shape, ())
+        elif callable(getattr(self.module, "prepare", None)):
+            self.entry = "prepare"
+        elif callable(getattr(self.module, "run", None)):
+            self.entry = "run"
+        else:
+            raise CandidateError(f"{self.path}: defines neither run(*inputs) nor prepare(*inputs)")
+
+    def bind(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
+        if self.entry == "ModelNew":
+            return self.case.bind_model(self._model_class, shape, args)
+        if self.entry == "prepare":
+            fn = self.module.prepare(*args)
+            if not callable(fn):
+                raise CandidateError(f"{self.path}: prepare() returned a {type(fn).__name__}, not a callable")
+            return fn
+        run = self.module.run
+        return lambda: run(*args)

@@ -1,0 +1,284 @@
+"""Collect step, part one: read a case folder in any of the three formats into a ``Case``.
+
+A case folder holds ``case.py`` (native, or a KernelBench problem) or ``bench.json`` + ``bench.py``
+(a KCoral bench folder). The case module is trusted code written by the benchmark maintainer, so it
+is imported here to read its shapes; candidates never are (see ``candidates.py``).
+Anything malformed raises ``CaseError`` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+NATIVE = "native"
+KCORAL_BENCH = "kcoral"
+KERNELBENCH = "kernelbench"
+
+# Shape keys that steer the harness rather than parametrize the case.
+SHAPE_CONTROL_KEYS = ("id", "gpu_only")
+
+
+class CaseError(Exception):
+    """A malformed case: ``str()`` names the file and what is wrong."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Shape:
+    params: dict[str, Any]  # what make_inputs receives (KernelBench: module globals to set)
+    split: str  # "seen" | "unseen"
+    shape_id: str
+    gpu_only: bool = False
+
+
+@dataclass
+class Case:
+    folder: Path
+    case_id: str  # folder relative to the rootdir, posix style
+    format: str
+    source: Path  # the module the harness imports: case.py or bench.py
+    shapes: list[Shape]
+    tier: int = 1
+    atol: float | None = None
+    rtol: float | None = None
+    inplace: tuple[int, ...] = ()
+    has_baseline: bool = False  # a baseline other than the reference
+    baseline_file: Path | None = None  # native cases may keep the baseline in baseline.py
+    content_hash: str = ""
+    timing_hints: dict[str, Any] = field(default_factory=dict)  # bench.json warmup/repeat
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+
+def is_case_folder(path: Path) -> bool:
+    return (path / "case.py").is_file() or (path / "bench.json").is_file()
+
+
+def load_case(folder: Path, rootdir: Path) -> Case:
+    """Read and validate the case in ``folder``."""
+    try:
+        case_id = folder.relative_to(rootdir).as_posix()
+    except ValueError:
+        case_id = folder.as_posix()
+    if (folder / "bench.json").is_file():
+        return _load_kcoral_bench(folder, case_id)
+    return _load_case_py(folder, case_id)
+
+
+def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
+    """Import a trusted case module under a unique name (many cases share the file name)."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    mod_name = f"_kcoral_{name_hint}_{digest}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise CaseError(path, "cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(mod_name, None)
+        raise CaseError(path, f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        raise CaseError(path, f"importing it raised {type(exc).__name__}: {exc}") from None
+    return module
+
+
+def content_hash(folder: Path) -> str:
+    """Hash of the case's own files (not its candidates): keys cached reference results."""
+    h = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix in (".py", ".json"):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def shape_id_of(params: dict[str, Any], explicit: Any = None) -> str:
+    if explicit is not None:
+        return str(explicit)
+    parts = [f"{k}={v}" for k, v in params.items()]
+    return "-".join(parts) if parts else "default"
+
+
+def _make_shapes(path: Path, entries: Any, split: str, what: str) -> list[Shape]:
+    if not isinstance(entries, (list, tuple)):
+        raise CaseError(path, f"{what} must be a list of shape dicts, got {type(entries).__name__}")
+    shapes = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise CaseError(path, f"{what}[{i}] is a {type(entry).__name__}, not a dict")
+        gpu_only = bool(entry.get("gpu_only", False))
+        params = {k: v for k, v in entry.items() if k not in SHAPE_CONTROL_KEYS}
+        shapes.append(Shape(params, split, shape_id_of(params, entry.get("id")), gpu_only))
+    return shapes
+
+
+def _check_unique(path: Path, shapes: list[Shape]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for s in shapes:
+        key = (s.split, s.shape_id)
+        if key in seen:
+            raise CaseError(path, f"two {s.split} shapes share the id {s.shape_id!r}")
+        seen.add(key)
+
+
+def _tolerance(path: Path, module: ModuleType | dict, name: str) -> float | None:
+    value = module.get(name) if isinstance(module, dict) else getattr(module, name, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise CaseError(path, f"{name} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _tier(path: Path, value: Any) -> int:
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5:
+        raise CaseError(path, f"TIER must be an integer from 1 to 5, got {value!r}")
+    return value
+
+
+def _require_callable(path: Path, module: ModuleType, name: str) -> None:
+    if not callable(getattr(module, name, None)):
+        raise CaseError(path, f"missing required function {name}()")
+
+
+def _load_case_py(folder: Path, case_id: str) -> Case:
+    path = folder / "case.py"
+    module = import_case_module(path)
+    if hasattr(module, "Model") and callable(getattr(module, "get_inputs", None)) and not hasattr(module, "make_inputs"):
+        return _kernelbench_case(folder, case_id, path, module)
+    return _native_case(folder, case_id, path, module)
+
+
+def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> Case:
+    if not hasattr(module, "SEEN"):
+        raise CaseError(path, "missing required name SEEN (a non-empty list of shape dicts)")
+    seen = _make_shapes(path, module.SEEN, "seen", "SEEN")
+    if not seen:
+        raise CaseError(path, "SEEN is empty: a case needs at least one seen shape")
+    unseen = _make_shapes(path, getattr(module, "UNSEEN", []), "unseen", "UNSEEN")
+    _require_callable(path, module, "make_inputs")
+    _require_callable(path, module, "reference")
+    baseline_file = folder / "baseline.py"
+    baseline = getattr(module, "baseline", None)
+    if baseline is not None and not callable(baseline):
+        raise CaseError(path, "baseline must be a function")
+    cost = getattr(module, "cost", None)
+    if cost is not None and not callable(cost):
+        raise CaseError(path, "cost must be a function of the shape")
+    inplace = getattr(module, "INPLACE", ())
+    if not isinstance(inplace, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in inplace):
+        raise CaseError(path, f"INPLACE must be a list of input indices, got {inplace!r}")
+    shapes = seen + unseen
+    _check_unique(path, shapes)
+    return Case(
+        folder=folder,
+        case_id=case_id,
+        format=NATIVE,
+        source=path,
+        shapes=shapes,
+        tier=_tier(path, getattr(module, "TIER", None)),
+        atol=_tolerance(path, module, "ATOL"),
+        rtol=_tolerance(path, module, "RTOL"),
+        inplace=tuple(inplace),
+        has_baseline=baseline is not None or baseline_file.is_file(),
+        baseline_file=baseline_file if baseline is None and baseline_file.is_file() else None,
+        content_hash=content_hash(folder),
+    )
+
+
+def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> Case:
+    _require_callable(path, module, "get_init_inputs")
+    if not callable(module.Model):
+        raise CaseError(path, "Model must be a class")
+    # SEEN/UNSEEN hold module globals to set before get_inputs(); with none, the file's own shape.
+    if hasattr(module, "SEEN"):
+        seen = _make_shapes(path, module.SEEN, "seen", "SEEN")
+        if not seen:
+            raise CaseError(path, "SEEN is empty: a case needs at least one seen shape")
+    else:
+        seen = [Shape({}, "seen", "default")]
+    unseen = _make_shapes(path, getattr(module, "UNSEEN", []), "unseen", "UNSEEN")
+    for shape in seen + unseen:
+        for name in shape.params:
+            if not hasattr(module, name):
+                raise CaseError(path, f"shape {shape.shape_id!r} sets {name}, which is not a global of the module")
+    shapes = seen + unseen
+    _check_unique(path, shapes)
+    return Case(
+        folder=folder,
+        case_id=case_id,
+        format=KERNELBENCH,
+        source=path,
+        shapes=shapes,
+        tier=_tier(path, getattr(module, "TIER", None)),
+        atol=_tolerance(path, module, "ATOL"),
+        rtol=_tolerance(path, module, "RTOL"),
+        content_hash=content_hash(folder),
+    )
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CaseError(path, f"invalid JSON at line {exc.lineno}: {exc.msg}") from None
+
+
+def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
+    config_path = folder / "bench.json"
+    config = _read_json(config_path)
+    if not isinstance(config, dict):
+        raise CaseError(config_path, "must hold a JSON object")
+    bench_py = folder / "bench.py"
+    if not bench_py.is_file():
+        raise CaseError(config_path, "bench.py is missing beside it")
+    if "cases" not in config:
+        raise CaseError(config_path, 'missing "cases" (a list of shape dicts)')
+    seen = _make_shapes(config_path, config["cases"], "seen", '"cases"')
+    if not seen:
+        raise CaseError(config_path, '"cases" is empty: a case needs at least one seen shape')
+    unseen: list[Shape] = []
+    unseen_path = folder / "unseen.json"
+    if unseen_path.is_file():
+        unseen = _make_shapes(unseen_path, _read_json(unseen_path), "unseen", "unseen.json")
+    module = import_case_module(bench_py, "bench")
+    _require_callable(bench_py, module, "make_inputs")
+    _require_callable(bench_py, module, "reference")
+    baseline = getattr(module, "baseline", None)
+    if baseline is not None and not callable(baseline):
+        raise CaseError(bench_py, "baseline must be a function")
+    shapes = seen + unseen
+    _check_unique(config_path, shapes)
+    hints = {k: config[k] for k in ("warmup", "repeat") if k in config}
+    return Case(
+        folder=folder,
+        case_id=case_id,
+        format=KCORAL_BENCH,
+        source=bench_py,
+        shapes=shapes,
+        tier=_tier(config_path, config.get("tier")),
+        atol=_tolerance(config_path, config, "atol"),
+        rtol=_tolerance(config_path, config, "rtol"),
+        has_baseline=baseline is not None,
+        content_hash=content_hash(folder),
+        timing_hints=hints,
+    )

@@ -1,0 +1,320 @@
+"""The stage runner: the code that runs inside a child process, never in the pytest process.
+
+A child has one role. A *trusted* child imports only the case (reference, baseline, inputs); a
+*candidate* child imports one candidate. The parent drives either with commands over a pipe
+(``protocol.py``) and always knows which phase a child is in, so a crash or a hang is reported
+with the phase it reached.
+
+Everything the harness relies on (torch, the timer, the checks) is imported before the candidate
+loads, and the candidate's working directory is not on ``sys.path``, so files it writes there
+cannot shadow a module the harness imports later.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from pytest_kcoral import protocol
+
+TRUSTED = "trusted"
+CANDIDATE = "candidate"
+
+_rng = random.SystemRandom()  # timing-input seeds a candidate cannot predict
+
+
+def main(conn: Connection, output: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any]) -> None:
+    """Entry point of a child (a multiprocessing target started from the template process)."""
+    os.setsid()  # own process group: the parent kills the child and whatever it started at once
+    for fd in (1, 2):
+        os.dup2(output.fileno(), fd)
+    output.close()
+    os.chdir(workdir)
+    os.environ.update(env)
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
+    sys.dont_write_bytecode = True
+    if role == CANDIDATE:
+        _keep_large_allocations_on_heap()
+    try:
+        runner = _Runner(role, case_spec)
+    except BaseException as exc:  # noqa: BLE001 - the parent must hear why startup failed
+        protocol.send(conn, _error_reply(exc))
+        return
+    protocol.send(conn, {"ok": True, "pid": os.getpid()})
+    runner.serve(conn)
+
+
+def _error_reply(exc: BaseException) -> dict[str, Any]:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return {
+        "ok": False,
+        "error": {
+            "type": type(exc).__name__,
+            "message": _exit_message(exc) if isinstance(exc, SystemExit) else str(exc)[:4000],
+            "traceback": "".join(tb)[-6000:],
+            "compile_error": _is_compile_error(exc),
+            "needs_cuda": _needs_cuda(exc),
+        },
+    }
+
+
+def _exit_message(exc: SystemExit) -> str:
+    return f"called sys.exit({exc.code!r})"
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    """Compiler errors that surface at the first call count as compile failures."""
+    import subprocess
+
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 8:
+        chain.append(chain[-1].__cause__)
+    for e in chain:
+        kind = type(e)
+        if kind.__module__.startswith(("triton.compiler", "triton.runtime.errors")) or kind.__name__ in (
+            "CompilationError",
+            "CompileTimeAssertionFailure",
+            "NVRTCError",
+        ):
+            return True
+        if isinstance(e, subprocess.CalledProcessError) or "Error building extension" in str(e):
+            return True
+    return False
+
+
+_CUDA_MISSING = ("Torch not compiled with CUDA", "No CUDA GPUs are available", "Found no NVIDIA driver", "CUDA driver")
+
+
+def _needs_cuda(exc: BaseException) -> bool:
+    return any(text in str(exc) for text in _CUDA_MISSING)
+
+
+class _Runner:
+    def __init__(self, role: str, case_spec: dict[str, Any]) -> None:
+        import torch
+
+        from pytest_kcoral import timing  # noqa: F401 - taken before any candidate code can patch it
+        from pytest_kcoral.case_runtime import CaseRuntime
+
+        self.role = role
+        self.device = case_spec["device"]
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))
+        self.case = CaseRuntime(case_spec)
+        self.candidate: Any = None
+        self.poison_bytes: list[int] = []
+
+    def serve(self, conn: Connection) -> None:
+        while True:
+            try:
+                header, payload = protocol.recv(conn)
+            except EOFError:
+                return
+            cmd = header.get("cmd")
+            if cmd == "exit":
+                return
+            handler = getattr(self, f"_cmd_{cmd}", None)
+            if handler is None:
+                protocol.send(conn, {"ok": False, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}})
+                continue
+            try:
+                reply, reply_payload = handler(header, payload)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
+                protocol.send(conn, _error_reply(exc))
+                continue
+            protocol.send(conn, dict(reply, ok=True), reply_payload)
+
+    # -- trusted role -----------------------------------------------------------------------
+
+    def _cmd_reference(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        """Inputs for each seed, the reference's outputs and (optionally) the baseline's."""
+        self._require(TRUSTED)
+        shape = header["shape"]
+        inputs, refs, baselines, baseline_errors = [], [], [], []
+        for seed in header["seeds"]:
+            args = self.case.make_inputs(shape, seed)
+            refs.append(_to_cpu(_as_tuple(self.case.reference(shape, _clone(args)))))
+            if header.get("baseline"):
+                try:
+                    baselines.append(_to_cpu(_as_tuple(self.case.baseline(shape, _clone(args)))))
+                except Exception as exc:  # a failing baseline is a finding, not a harness error
+                    baselines.append(None)
+                    baseline_errors.append(f"{type(exc).__name__}: {exc}"[:500])
+            inputs.append(_to_cpu(args))
+        return {"baseline_errors": baseline_errors}, {"inputs": inputs, "reference": refs, "baseline": baselines}
+
+    def _cmd_time_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        self._require(TRUSTED)
+        return self._time(header, lambda shape, args: self.case.bind_baseline(shape, args))
+
+    # -- candidate role ---------------------------------------------------------------------
+
+    def _cmd_load_candidate(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        self._require(CANDIDATE)
+        from pytest_kcoral.case_runtime import CandidateRuntime
+
+        self.candidate = CandidateRuntime(header["path"], self.case, header["shape"])
+        return {"entry": self.candidate.entry}, None
+
+    def _cmd_run(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
+        """Run the candidate once per input set; report outputs, inputs afterwards and findings."""
+        self._require(CANDIDATE)
+        import torch
+
+        shape = header["shape"]
+        outputs, inputs_after, findings = [], [], []
+        for cpu_args in payload["inputs"]:
+            args = tuple(t.to(self.device) if isinstance(t, torch.Tensor) else t for t in cpu_args)
+            fn = self.candidate.bind(shape, args)
+            _poison(header.get("poison_bytes", []), self.device)
+            out = fn()
+            _synchronize(self.device)
+            out_tuple, problems = _inspect_outputs(out, args, self.device)
+            findings.append(problems)
+            outputs.append(_to_cpu(out_tuple) if not problems else None)
+            inputs_after.append(_to_cpu(args))
+        return {"findings": findings}, {"outputs": outputs, "inputs_after": inputs_after}
+
+    def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        self._require(CANDIDATE)
+        return self._time(header, self.candidate.bind)
+
+    # -- shared -----------------------------------------------------------------------------
+
+    def _time(self, header: dict[str, Any], bind: Callable[[dict, tuple], Callable[[], Any]]) -> tuple[dict, Any]:
+        """Time a callable over rotating input sets whose values are refreshed before every call.
+
+        Each refresh draws a fresh seed, so neither a pointer- nor a content-keyed cache can answer
+        a timed call; a few timed calls, picked at random, are kept with their seeds so the parent
+        can check them against the reference.
+        """
+        from pytest_kcoral import timing
+
+        shape = header["shape"]
+        n_sets = int(header.get("n_sets", 3))
+        seeds = [_rng.getrandbits(62) for _ in range(n_sets)]
+        sets = [self.case.make_inputs(shape, s) for s in seeds]
+        fns = [bind(shape, args) for args in sets]
+        kept: list[dict[str, Any]] = []
+        keep = int(header.get("verify", 2))
+        seen_samples = 0
+
+        def refresh(k: int) -> None:
+            seeds[k] = _rng.getrandbits(62)
+            fresh = self.case.make_inputs(shape, seeds[k])
+            for dst, src in zip(sets[k], fresh):
+                if hasattr(dst, "copy_"):
+                    dst.copy_(src)
+
+        def on_output(k: int, out: Any) -> None:
+            nonlocal seen_samples
+            seen_samples += 1
+            # reservoir sample of the timed calls: any one of them may be the one checked
+            if len(kept) < keep:
+                kept.append({"seed": seeds[k], "out": out})
+            elif _rng.random() < keep / seen_samples:
+                kept[_rng.randrange(keep)] = {"seed": seeds[k], "out": out}
+
+        stats = timing.measure(
+            lambda k: fns[k](),
+            n_sets=n_sets,
+            refresh=refresh,
+            on_output=on_output,
+            device=self.device,
+            method=header.get("timer"),
+            budget_s=float(header.get("budget_s", 1.0)),
+            min_samples=int(header.get("min_samples", 5)),
+        )
+        verify = []
+        for entry in kept:
+            out_tuple, problems = _inspect_outputs(entry["out"], (), self.device)
+            verify.append({"seed": entry["seed"], "outputs": None if problems else _to_cpu(out_tuple)})
+        return {"stats": stats.to_dict(), "verify_seeds": [v["seed"] for v in verify]}, {"verify": verify}
+
+    def _require(self, role: str) -> None:
+        if self.role != role:
+            raise RuntimeError(f"command needs a {role} child, this one is {self.role}")
+
+
+def _as_tuple(out: Any) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _clone(args: tuple) -> tuple:
+    return tuple(a.clone() if hasattr(a, "clone") else a for a in args)
+
+
+def _to_cpu(values: tuple) -> tuple:
+    import torch
+
+    return tuple(v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for v in values)
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _inspect_outputs(out: Any, args: tuple, device: str) -> tuple[tuple, list[str]]:
+    """Checks that need the live objects: plain dense tensors, on the device, not aliasing inputs."""
+    import torch
+
+    problems = []
+    values = _as_tuple(out)
+    want = torch.device(device)
+    for i, value in enumerate(values):
+        if type(value) is not torch.Tensor:
+            kind = f"{type(value).__module__}.{type(value).__qualname__}"
+            problems.append(f"output {i} is a {kind}, not a plain torch.Tensor (subclasses and lazy objects are refused)")
+            continue
+        if value.layout != torch.strided or value.is_meta:
+            problems.append(f"output {i} is not a dense tensor (layout {value.layout})")
+            continue
+        if value.device.type != want.type or (want.index is not None and value.device.index != want.index):
+            problems.append(f"output {i} is on {value.device}, expected {want}")
+            continue
+        for j, arg in enumerate(args):
+            if isinstance(arg, torch.Tensor) and _overlaps(value, arg):
+                problems.append(f"output {i} shares memory with input {j}")
+    return values, problems
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
+
+
+def _poison(nbytes: list[int], device: str) -> None:
+    """Fill memory the next allocations will reuse with NaN, so unwritten output elements show.
+
+    The CUDA caching allocator hands a freed block of the same size straight back; on the CPU,
+    glibc reuses freed heap chunks once ``mallopt`` keeps large blocks off ``mmap`` (which would
+    return fresh zeroed pages instead).
+    """
+    import torch
+
+    if not nbytes:
+        return
+    blocks = [torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in nbytes]
+    _synchronize(device)
+    del blocks
+
+
+def _keep_large_allocations_on_heap() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        m_mmap_threshold = -3
+        libc.mallopt(m_mmap_threshold, 1 << 30)
+    except Exception:  # not glibc: poisoning then covers small outputs only
+        pass
