@@ -7,7 +7,10 @@ or a KernelBench ``ModelNew``). Only children import this module.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from pytest_kcoral.cases import KCORAL_BENCH, KERNELBENCH, import_case_module
@@ -95,13 +98,24 @@ def _baseline_from_file(path: Path) -> Callable[..., Any]:
     raise CandidateError(f"{path}: defines neither baseline() nor run()")
 
 
+def _import_candidate(path: Path) -> ModuleType:
+    """Import the candidate, letting its own errors (with its own traceback) propagate."""
+    spec = importlib.util.spec_from_file_location("kcoral_candidate", path)
+    if spec is None or spec.loader is None:
+        raise CandidateError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kcoral_candidate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 class CandidateRuntime:
     """A loaded candidate. Importing it is the compile stage's 'import' phase."""
 
     def __init__(self, path: str, case: CaseRuntime, shape: dict[str, Any]) -> None:
         self.path = Path(path)
         self.case = case
-        self.module = import_case_module(self.path, "candidate")
+        self.module = _import_candidate(self.path)
         if case.format == KERNELBENCH:
             model_class = getattr(self.module, "ModelNew", None)
             if model_class is None:

@@ -48,8 +48,13 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
     runner.serve(conn)
 
 
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def _error_reply(exc: BaseException) -> dict[str, Any]:
-    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    # the harness's own frames say nothing to the kernel author: keep the candidate's and the case's
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith((_HARNESS_DIR, "<frozen"))]
+    tb = traceback.format_list(frames[-10:]) + traceback.format_exception_only(type(exc), exc)
     return {
         "ok": False,
         "error": {
@@ -101,10 +106,8 @@ class _Runner:
         from pytest_kcoral.case_runtime import CaseRuntime
 
         self.role = role
-        self.device = case_spec["device"]
-        if self.device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(self.device))
         self.case = CaseRuntime(case_spec)
+        self.device = self.case.device
         self.candidate: Any = None
         self.poison_bytes: list[int] = []
 
@@ -117,6 +120,8 @@ class _Runner:
             cmd = header.get("cmd")
             if cmd == "exit":
                 return
+            if header.get("device"):
+                self._use_device(header["device"])
             handler = getattr(self, f"_cmd_{cmd}", None)
             if handler is None:
                 protocol.send(conn, {"ok": False, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}})
@@ -127,6 +132,16 @@ class _Runner:
                 protocol.send(conn, _error_reply(exc))
                 continue
             protocol.send(conn, dict(reply, ok=True), reply_payload)
+
+    def _use_device(self, device: str) -> None:
+        """The lease picks the device after compile, so a child learns it with its first GPU command."""
+        if device == self.device:
+            return
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(torch.device(device))
+        self.device = self.case.device = device
 
     # -- trusted role -----------------------------------------------------------------------
 

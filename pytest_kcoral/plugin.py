@@ -1,14 +1,31 @@
 """The pytest entry point (``-p kcoral``): options, configuration and the hooks that wire the
-pipeline together. The work itself lives in the modules named after each step."""
+pipeline together. The work itself lives in the modules named after each step:
+collect (``cases``, ``candidates``, ``items``) -> run (``pipeline``: ``isolation``, ``lease``,
+``timing``, ``compare``) -> score (``scoring``) -> report (``report/``)."""
 
 from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
 from pytest_kcoral import options
+from pytest_kcoral.cases import is_case_folder
 from pytest_kcoral.options import Settings
 
 settings_key = pytest.StashKey[Settings]()
+executor_key = pytest.StashKey[Any]()
+
+MARKERS = [
+    "kcoral: a graded kernel item (pytest-kcoral)",
+    "seen: an item on a shape visible during development",
+    "unseen: an item on a held-out shape (generalization check)",
+    *(f"tier{t}: an item of a tier-{t} case" for t in range(1, 6)),
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -21,8 +38,56 @@ def pytest_configure(config: pytest.Config) -> None:
     # xdist workers must generate the same inputs as each other: the controller draws the seed.
     seed = workerinput.get("kcoral_seed") if workerinput else None
     config.stash[settings_key] = Settings.from_config(config, seed=seed)
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:  # xdist controller hook: hand the session seed on
+def pytest_configure_node(node: Any) -> None:  # xdist controller: hand the session seed on
     node.workerinput["kcoral_seed"] = node.config.stash[settings_key].seed
+
+
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if is_case_folder(path):
+        from pytest_kcoral.items import CaseDirectory
+
+        return CaseDirectory.from_parent(parent, path=path)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if call.when == "call":
+        from pytest_kcoral.items import result_key
+
+        result = item.stash.get(result_key, None)
+        if result is not None:
+            # a plain attribute of the report: pytest-xdist carries it to the controller
+            report.kcoral_result = result.to_dict()
+    return report
+
+
+def get_executor(config: pytest.Config) -> Any:
+    """The session's executor, built on first use so collection-only runs start nothing."""
+    executor = config.stash.get(executor_key, None)
+    if executor is None:
+        from pytest_kcoral.pipeline import LocalExecutor
+
+        device_kind = "cuda" if shutil.which("nvidia-smi") else "cpu"
+        executor = LocalExecutor(config.stash[settings_key], _single_device_lease, device_kind)
+        config.stash[executor_key] = executor
+    return executor
+
+
+class _Held:
+    def __init__(self, device_name: str, wait_ms: float) -> None:
+        self.device_name = device_name
+        self.wait_ms = wait_ms
+        self.held_ms: float | None = None
+
+
+@contextlib.contextmanager
+def _single_device_lease(label: str) -> Iterator[_Held]:
+    t0 = time.monotonic()
+    yield _Held("cpu", (time.monotonic() - t0) * 1000.0)

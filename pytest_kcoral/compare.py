@@ -1,0 +1,170 @@
+"""Compare step: the correctness rules of spec section 3, applied in the pytest process.
+
+Everything here works on CPU copies of outputs that children sent over the wire, so the
+comparison runs in a process no candidate ever ran in. Each check returns plain sentences that
+name the output, the rule and the numbers, for the one-screen failure report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+# (atol, rtol) by output dtype; a case's ATOL/RTOL override them (e.g. for TF32-like matmuls).
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1e-2),
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float | None  # None: by dtype
+    rtol: float | None
+    strict: bool = False  # max-abs <= atol AND max-rel <= rtol, instead of elementwise
+
+    def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
+        default = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))  # integers and bools: exact
+        return (default[0] if self.atol is None else self.atol, default[1] if self.rtol is None else self.rtol)
+
+
+def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol: Tolerance) -> list[str]:
+    """Problems with ``outputs`` against ``reference`` (both tuples of CPU tensors)."""
+    if outputs is None:
+        return ["no outputs came back"]
+    if len(outputs) != len(reference):
+        return [f"returned {len(outputs)} output(s), the reference returns {len(reference)}"]
+    problems: list[str] = []
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        if not isinstance(ref, torch.Tensor):
+            if out != ref:
+                problems.append(f"output {i} is {out!r}, expected {ref!r}")
+            continue
+        if not isinstance(out, torch.Tensor):
+            problems.append(f"output {i} is a {type(out).__name__}, expected a tensor")
+            continue
+        if out.dtype != ref.dtype:
+            problems.append(f"output {i} has dtype {out.dtype}, expected {ref.dtype}")
+            continue
+        if out.shape != ref.shape:
+            problems.append(f"output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+            continue
+        problems.extend(_compare_values(i, out, ref, tol))
+    return problems
+
+
+def _index(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
+    idx = []
+    for size in reversed(shape):
+        idx.append(flat_index % size)
+        flat_index //= size
+    return tuple(reversed(idx))
+
+
+def _compare_values(i: int, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> list[str]:
+    if out.numel() == 0:
+        return []
+    if ref.dtype == torch.bool or not (ref.is_floating_point() or ref.is_complex()):
+        bad = out != ref
+        if bad.any():
+            first = int(bad.flatten().nonzero()[0])
+            return [f"output {i}: {int(bad.sum())} of {ref.numel()} elements differ (exact match required for {ref.dtype}); first at index {_index(first, ref.shape)}"]
+        return []
+    atol, rtol = tol.for_dtype(ref.dtype)
+    o = out.detach().to(torch.float64).flatten()
+    r = ref.detach().to(torch.float64).flatten()
+    ref_finite = torch.isfinite(r)
+    nonfinite = ~torch.isfinite(o) & ref_finite
+    if nonfinite.any():
+        first = int(nonfinite.nonzero()[0])
+        return [
+            f"output {i}: {int(nonfinite.sum())} of {r.numel()} elements are NaN/Inf where the reference is finite, "
+            f"first at index {_index(first, ref.shape)} (unwritten elements read back as NaN poison)"
+        ]
+    # where the reference itself is not finite, the candidate must match it exactly
+    special_mismatch = ~ref_finite & ~((o == r) | (torch.isnan(o) & torch.isnan(r)))
+    diff = torch.where(ref_finite, (o - r).abs(), torch.zeros_like(r))
+    if tol.strict:
+        max_abs = float(diff.max())
+        scale = r.abs().where(ref_finite & (r != 0), torch.ones_like(r))
+        max_rel = float((diff / scale).max())
+        problems = []
+        if max_abs > atol or max_rel > rtol:
+            worst = int(diff.argmax())
+            problems.append(
+                f"output {i}: max abs error {max_abs:.3g} (atol {atol:g}), max rel error {max_rel:.3g} (rtol {rtol:g}) "
+                f"under --kcoral-tolerance strict; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
+            )
+        if special_mismatch.any():
+            problems.append(f"output {i}: {int(special_mismatch.sum())} elements differ where the reference is NaN/Inf")
+        return problems
+    bad = (diff > atol + rtol * r.abs()) | special_mismatch
+    if not bad.any():
+        return []
+    n_bad = int(bad.sum())
+    worst = int(torch.where(bad, diff, torch.full_like(diff, -1.0)).argmax())
+    return [
+        f"output {i}: {n_bad} of {r.numel()} elements ({100.0 * n_bad / r.numel():.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
+        f"max abs error {float(diff.max()):.3g}; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
+    ]
+
+
+def compare_inputs(before: Sequence[Any], after: Sequence[Any], inplace: Sequence[int]) -> list[str]:
+    """Inputs must come back bit for bit unchanged unless the case lists them in INPLACE."""
+    problems = []
+    for j, (b, a) in enumerate(zip(before, after)):
+        if j in inplace or not isinstance(b, torch.Tensor):
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            problems.append(f"input {j} was replaced or reshaped")
+        elif not torch.equal(_bits(a), _bits(b)):
+            n = int((_bits(a) != _bits(b)).sum())
+            problems.append(f"input {j} was modified ({n} bytes changed); only inputs listed in INPLACE may be written")
+    return problems
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a tensor, so NaN inputs compare equal to themselves."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def ignores_inputs(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]]) -> bool:
+    """True when the reference's outputs differ between input sets but the candidate's do not."""
+    trials = [(o, r) for o, r in zip(outputs_per_trial, reference_per_trial) if o is not None]
+    if len(trials) < 2:
+        return False
+    (o0, r0), rest = trials[0], trials[1:]
+    ref_varies = any(not _same(r0, r) for _, r in rest)
+    out_varies = any(not _same(o0, o) for o, _ in rest)
+    return ref_varies and not out_varies
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def is_weak_reference(reference: Sequence[Any], tol: Tolerance) -> bool:
+    """A reference that zeros or a constant would match within tolerance cannot tell kernels apart."""
+    tensors = [r for r in reference if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() > 0]
+    if not tensors:
+        return False
+    for guess in ("zeros", "constant"):
+        fakes = []
+        for r in tensors:
+            value = 0.0 if guess == "zeros" else float(r.to(torch.float64).nan_to_num().mean())
+            fakes.append(torch.full_like(r, value))
+        if not compare_outputs(fakes, tensors, tol):
+            return True
+    return False

@@ -1,0 +1,90 @@
+"""Collect step, part three: pytest nodes. A case folder is a collector; each (candidate, shape)
+is an item whose ``runtest`` hands the work to the session's executor."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import pytest
+
+from pytest_kcoral.candidates import Candidate, find_candidates
+from pytest_kcoral.cases import Case, CaseError, Shape, load_case
+from pytest_kcoral.pipeline import ItemSpec
+from pytest_kcoral.results import ItemResult
+
+result_key = pytest.StashKey[ItemResult]()
+
+
+class KernelFailure(Exception):
+    """Raised by an item whose stage failed; carries the result for the report."""
+
+    def __init__(self, result: ItemResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+class CaseDirectory(pytest.Directory):
+    """A case folder: its items are every candidate times every shape."""
+
+    def collect(self) -> Iterable[pytest.Item]:
+        from pytest_kcoral.plugin import settings_key
+
+        try:
+            case = load_case(self.path, self.config.rootpath)
+        except CaseError as exc:
+            # one broken case must not stop the others from running
+            self.config.option.continue_on_collection_errors = True
+            raise self.CollectError(str(exc)) from None
+        settings = self.config.stash[settings_key]
+        for candidate in find_candidates(case, settings.submissions):
+            for shape in case.shapes:
+                yield KernelItem.from_parent(
+                    self, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate, shape=shape
+                )
+
+
+class KernelItem(pytest.Item):
+    def __init__(self, *, case: Case, candidate: Candidate, shape: Shape, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+        self.candidate = candidate
+        self.shape = shape
+        self.add_marker("kcoral")
+        self.add_marker(shape.split)
+        self.add_marker(f"tier{case.tier}")
+
+    def runtest(self) -> None:
+        from pytest_kcoral.plugin import get_executor
+
+        result = get_executor(self.config).run(ItemSpec(self.nodeid, self.case, self.candidate, self.shape))
+        self.stash[result_key] = result
+        for name, value in junit_properties(result):
+            self.user_properties.append((name, value))
+        if result.outcome == "skipped":
+            pytest.skip(result.message or "skipped")
+        if result.outcome != "passed":
+            raise KernelFailure(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, KernelFailure):
+            r = excinfo.value.result
+            where = f" in phase '{r.phase}'" if r.phase and r.phase != r.stage else ""
+            first, _, rest = (r.message or "").partition("\n")
+            # the first line is what pytest's short summary shows: make it the reason
+            return f"kcoral {r.stage} failed{where}: {first}\n{rest}\ncandidate: {self.candidate.path}".replace("\n\n\n", "\n\n")
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.candidate.path, None, f"{self.case.case_id}::{self.name}"
+
+
+def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
+    """Per-item properties for the JUnit XML (they travel with the report under xdist)."""
+    props: list[tuple[str, Any]] = [("kcoral_stage", result.stage)]
+    for name in ("speedup", "t_baseline_us", "t_candidate_us", "timer", "device", "lease_wait_ms", "lease_held_ms"):
+        value = getattr(result, name)
+        if value is not None:
+            props.append((f"kcoral_{name}", round(value, 4) if isinstance(value, float) else value))
+    if result.baseline_correct is not None:
+        props.append(("kcoral_baseline_correct", result.baseline_correct))
+    return props

@@ -1,0 +1,299 @@
+"""Run step: one item's stages, compile -> correctness -> timing, gated in order.
+
+``LocalExecutor`` runs them in child processes on this host: the candidate in a fresh child of
+its own, the reference and the baseline in a trusted child that never imports a candidate. The
+GPU stages run under the device lease; compile does not. Where an item's work executes is behind
+the ``Executor`` interface, so a remote executor (a KCoral service) can take its place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterator, Protocol
+
+from pytest_kcoral import compare
+from pytest_kcoral.candidates import Candidate
+from pytest_kcoral.cases import KERNELBENCH, Case, Shape
+from pytest_kcoral.isolation import Child, ChildFailure
+from pytest_kcoral.options import Settings
+from pytest_kcoral.results import ItemResult, TimingStats, speedup_between
+
+# Timed-call samples kept for checking against the reference.
+VERIFIED_TIMED_CALLS = 2
+TIMING_INPUT_SETS = 3
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    nodeid: str
+    case: Case
+    candidate: Candidate
+    shape: Shape
+
+
+class LeaseLike(Protocol):
+    device_name: str
+    wait_ms: float
+    held_ms: float | None
+
+
+LeaseFactory = Callable[[str], ContextManager[Any]]
+
+
+class Executor(Protocol):
+    def run(self, spec: ItemSpec) -> ItemResult: ...
+
+
+class StageFailed(Exception):
+    """Ends an item: the stage, the phase and one screen of why."""
+
+    def __init__(self, stage: str, message: str, phase: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+        self.phase = phase
+
+
+class ItemSkipped(Exception):
+    pass
+
+
+@dataclass
+class ReferenceData:
+    """What the trusted child computed for one (case, shape, seed, device): shared by candidates."""
+
+    inputs: list[tuple]
+    reference: list[tuple]
+    baseline_correct: bool
+    baseline_problems: list[str] = field(default_factory=list)
+    weak: bool = False
+
+
+def derive_seed(session_seed: int, *parts: Any) -> int:
+    """A per-purpose seed from the session seed; without the session seed it cannot be predicted."""
+    digest = hashlib.sha256(repr((session_seed, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 62) - 1)
+
+
+class LocalExecutor:
+    def __init__(self, settings: Settings, lease_factory: LeaseFactory, device_kind: str) -> None:
+        self.settings = settings
+        self.lease_factory = lease_factory
+        self.device_kind = device_kind  # "cpu" or "cuda": decides the child environment
+        self._references: dict[tuple, ReferenceData] = {}
+
+    # -- public -----------------------------------------------------------------------------
+
+    def run(self, spec: ItemSpec) -> ItemResult:
+        case, cand, shape = spec.case, spec.candidate, spec.shape
+        result = ItemResult(
+            nodeid=spec.nodeid,
+            case=case.case_id,
+            candidate=cand.name,
+            split=shape.split,
+            shape=dict(shape.params),
+            shape_id=shape.shape_id,
+            tier=case.tier,
+            team=cand.team,
+            attempt=cand.attempt,
+        )
+        started = time.monotonic()
+        try:
+            if shape.gpu_only and self.device_kind == "cpu":
+                raise ItemSkipped("shape is marked gpu_only and no GPU is visible")
+            self._run_stages(spec, result, deadline=started + self.settings.timeout_s)
+            result.stage = "done"
+            result.outcome = "passed"
+        except StageFailed as failure:
+            result.stage = failure.stage
+            result.phase = failure.phase
+            result.outcome = "failed"
+            result.message = failure.message
+        except ItemSkipped as skip:
+            result.outcome = "skipped"
+            result.message = str(skip)
+        finally:
+            result.duration_s = time.monotonic() - started
+        return result
+
+    # -- stages -----------------------------------------------------------------------------
+
+    def _case_spec(self, case: Case) -> dict[str, Any]:
+        return {
+            "format": case.format,
+            "source": str(case.source),
+            "baseline_file": str(case.baseline_file) if case.baseline_file else None,
+            "device": "cpu",
+            "init_seed": derive_seed(self.settings.seed, case.case_id, "init"),
+        }
+
+    def _child_env(self) -> dict[str, str]:
+        # On a CPU, Triton kernels run through its interpreter.
+        return {"TRITON_INTERPRET": "1"} if self.device_kind == "cpu" else {}
+
+    def _run_stages(self, spec: ItemSpec, result: ItemResult, deadline: float) -> None:
+        case, shape = spec.case, spec.shape
+        tol = compare.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
+        with contextlib.ExitStack() as stack:
+            candidate = self._stage(
+                "compile",
+                lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name)),
+            )
+            self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
+            result.compiled = True
+
+            stack.enter_context(self._lease(spec, result))
+            device = result.device or "cpu"
+            trusted_box: list[Child] = []
+
+            def trusted() -> Child:
+                if not trusted_box:
+                    trusted_box.append(stack.enter_context(Child("trusted", self._case_spec(case), self._child_env(), deadline, "reference")))
+                return trusted_box[0]
+
+            ref = self._reference_data(spec, device, trusted, tol)
+            result.baseline_correct = ref.baseline_correct
+            result.weak_reference = ref.weak
+            self._check_correctness(spec, candidate, ref, device, tol, result)
+            result.correct = True
+            if self.settings.mode == "correctness":
+                return
+            self._time(spec, candidate, trusted, device, tol, result)
+
+    def _stage(self, stage: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except ChildFailure as failure:
+            if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
+                raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
+            if failure.kind == "error" and failure.error.get("compile_error"):
+                stage = "compile"
+            raise StageFailed(stage, _describe_child_failure(stage, failure), failure.phase) from None
+
+    @contextlib.contextmanager
+    def _lease(self, spec: ItemSpec, result: ItemResult) -> Iterator[Any]:
+        with self.lease_factory(spec.nodeid) as lease:
+            result.device = lease.device_name
+            result.lease_wait_ms = lease.wait_ms
+            t0 = time.monotonic()
+            try:
+                yield lease
+            finally:
+                result.lease_held_ms = (time.monotonic() - t0) * 1000.0
+
+    def _reference_data(self, spec: ItemSpec, device: str, trusted: Callable[[], Child], tol: compare.Tolerance) -> ReferenceData:
+        case, shape = spec.case, spec.shape
+        key = (case.content_hash, shape.split, shape.shape_id, self.settings.seed, device, self.settings.trials)
+        cached = self._references.get(key)
+        if cached is not None:
+            return cached
+        seeds = [derive_seed(self.settings.seed, case.case_id, shape.split, shape.shape_id, t) for t in range(self.settings.trials)]
+        header, payload = self._trusted_call(
+            trusted, "reference", "reference", shape=shape.params, seeds=seeds, device=device, baseline=case.has_baseline
+        )
+        refs = payload["reference"]
+        baseline_problems: list[str] = list(header.get("baseline_errors", []))
+        if case.has_baseline and case.format != KERNELBENCH:
+            for t, (base, expected) in enumerate(zip(payload["baseline"], refs)):
+                if base is not None:
+                    baseline_problems += [f"trial {t + 1}: {p}" for p in compare.compare_outputs(base, expected, tol)]
+        data = ReferenceData(
+            inputs=payload["inputs"],
+            reference=refs,
+            baseline_correct=not baseline_problems,
+            baseline_problems=baseline_problems,
+            weak=any(compare.is_weak_reference(r, tol) for r in refs),
+        )
+        self._references[key] = data
+        return data
+
+    def _trusted_call(self, trusted: Callable[[], Child], cmd: str, phase: str, **fields: Any) -> tuple[dict, Any]:
+        """A trusted child failing is the case's fault, not the candidate's: say so."""
+        try:
+            return trusted().call(cmd, phase, **fields)
+        except ChildFailure as failure:
+            if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
+                raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
+            stage = "timing" if phase in ("baseline", "verify") else "correctness"
+            raise StageFailed(stage, "the case itself failed (not the candidate): " + _describe_child_failure(stage, failure), phase) from None
+
+    def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: compare.Tolerance, result: ItemResult) -> None:
+        import torch
+
+        poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
+        header, payload = self._stage(
+            "correctness",
+            lambda: candidate.call("run", "correctness", payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device, poison_bytes=poison),
+        )
+        outputs = payload["outputs"]
+        problems: list[str] = []
+        for t in range(len(ref.inputs)):
+            trial = [*header["findings"][t]]
+            if not trial:
+                trial += compare.compare_outputs(outputs[t], ref.reference[t], tol)
+            trial += compare.compare_inputs(ref.inputs[t], payload["inputs_after"][t], spec.case.inplace)
+            problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
+        if not problems and compare.ignores_inputs(outputs, ref.reference):
+            problems.append("the output does not depend on the inputs: every input set gave the same output, the reference's differ")
+        if problems:
+            raise StageFailed("correctness", _one_screen(problems), "correctness")
+
+    def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, tol: compare.Tolerance, result: ItemResult) -> None:
+        budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
+        common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget, timer=self.settings.timer)
+        # baseline first, then the candidate, back to back on the same device under one lease
+        base_header, _ = self._trusted_call(trusted, "time_baseline", "baseline", verify=0, **common)
+        header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=VERIFIED_TIMED_CALLS, **common))
+        baseline_stats = TimingStats.from_dict(base_header["stats"])
+        candidate_stats = TimingStats.from_dict(header["stats"])
+        result.baseline_timing = base_header["stats"]
+        result.candidate_timing = header["stats"]
+        result.t_baseline_us = baseline_stats.median_us if baseline_stats else None
+        result.t_candidate_us = candidate_stats.median_us if candidate_stats else None
+        result.timer = candidate_stats.method if candidate_stats else None
+        result.speedup = speedup_between(baseline_stats, candidate_stats)
+        self._verify_timed_outputs(trusted, payload["verify"], spec, device, tol)
+        minimum = self.settings.min_speedup
+        if minimum is not None:
+            if result.speedup is None:
+                raise StageFailed("timing", f"no speedup: baseline timed by {baseline_stats and baseline_stats.method}, candidate by {result.timer}", "timing")
+            if result.speedup < minimum:
+                raise StageFailed(
+                    "timing",
+                    f"speedup {result.speedup:.3f}x is below --kcoral-min-speedup {minimum:g} "
+                    f"(baseline {result.t_baseline_us:.1f} us, candidate {result.t_candidate_us:.1f} us, {result.timer})",
+                    "timing",
+                )
+
+    def _verify_timed_outputs(self, trusted: Callable[[], Child], verify: list[dict], spec: ItemSpec, device: str, tol: compare.Tolerance) -> None:
+        """The outputs of timed calls must be right too: no computing only while watched."""
+        if not verify:
+            return
+        seeds = [v["seed"] for v in verify]
+        _, payload = self._trusted_call(trusted, "reference", "verify", shape=spec.shape.params, seeds=seeds, device=device, baseline=False)
+        problems = []
+        for n, (entry, expected) in enumerate(zip(verify, payload["reference"])):
+            problems += [f"timed call {n + 1}: {p}" for p in compare.compare_outputs(entry["outputs"], expected, tol)]
+        if problems:
+            raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify")
+
+
+def _one_screen(lines: list[str], limit: int = 12) -> str:
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... and {len(lines) - limit} more"]
+    return "\n".join(lines)
+
+
+def _describe_child_failure(stage: str, failure: ChildFailure) -> str:
+    lines = [f"{failure.message}"]
+    tb = failure.error.get("traceback", "")
+    if failure.kind == "error" and tb:
+        lines += ["", "traceback (candidate and case frames):", *("  " + ln for ln in tb.rstrip().splitlines()[-16:])]
+    output = failure.output.strip()
+    if output:
+        out_lines = output.splitlines()[-12:]
+        lines += ["", "child output (last lines):", *("  " + ln for ln in out_lines)]
+    return "\n".join(lines)
