@@ -122,7 +122,7 @@ def _make_shapes(path: Path, entries: Any, split: str, what: str) -> list[Shape]
     shapes = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise CaseError(path, f"{what}[{i}] is a {type(entry).__name__}, not a dict")
+            raise CaseError(path, f"{what}[{i}] must be a shape dict, got {type(entry).__name__} {entry!r}")
         gpu_only = bool(entry.get("gpu_only", False))
         params = {k: v for k, v in entry.items() if k not in SHAPE_CONTROL_KEYS}
         shapes.append(Shape(params, split, shape_id_of(params, entry.get("id")), gpu_only))

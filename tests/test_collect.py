@@ -1,0 +1,185 @@
+"""Collection: the three case formats, candidates and submissions, ids, marks, malformed cases."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+KCORAL_BENCH_PY = """
+import torch
+
+def make_inputs(case):
+    # no device argument: the harness makes the item's device the default
+    return (torch.randn(case["n"]),)
+
+def reference(x):
+    return torch.relu(x)
+"""
+
+KERNELBENCH_CASE = """
+import torch
+batch_size = 4
+features = 8
+SEEN = [{"batch_size": 4}]
+UNSEEN = [{"batch_size": 5}]
+
+class Model(torch.nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+def get_inputs():
+    return [torch.randn(batch_size, features)]
+
+def get_init_inputs():
+    return [features]
+"""
+
+KERNELBENCH_CANDIDATE = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.clamp_min(x @ self.linear.weight.T + self.linear.bias, 0.0)
+"""
+
+
+def test_native_case_items_ids_and_order(pytester, make_case, run_kcoral):
+    make_case("cases/add", candidates={"b_torch": "def run(a, b):\n    return a + b\n", "a_prep": "def prepare(a, b):\n    return lambda: a + b\n"})
+    result = run_kcoral("--collect-only", "-q")
+    result.stdout.fnmatch_lines([
+        "cases/add::a_prep[[]seen-n=256[]]",
+        "cases/add::a_prep[[]unseen-n=257[]]",
+        "cases/add::b_torch[[]seen-n=256[]]",
+        "cases/add::b_torch[[]unseen-n=257[]]",
+    ])
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=4)
+
+
+def test_marks_select_splits_and_tiers(pytester, make_case, run_kcoral):
+    make_case("cases/add")
+    run_kcoral("--kcoral-mode", "correctness", "-m", "unseen").assert_outcomes(passed=1, deselected=1)
+    run_kcoral("--kcoral-mode", "correctness", "-m", "seen and tier2 and kcoral").assert_outcomes(passed=1, deselected=1)
+    run_kcoral("--kcoral-mode", "correctness", "-m", "tier1").assert_outcomes(deselected=2)
+
+
+def test_kcoral_bench_folder(pytester, run_kcoral):
+    folder = pytester.path / "bench_relu"
+    folder.mkdir()
+    (folder / "bench.json").write_text(json.dumps({"cases": [{"id": "small", "n": 64}, {"n": 100}], "atol": 1e-6, "rtol": 1e-6}))
+    (folder / "unseen.json").write_text(json.dumps([{"id": "odd", "n": 31}]))
+    (folder / "bench.py").write_text(textwrap.dedent(KCORAL_BENCH_PY))
+    (folder / "v0.py").write_text("import torch\ndef run(x):\n    return torch.relu(x)\n")
+    (folder / "v1.py").write_text("def run(x):\n    return x.abs()\n")
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.stdout.fnmatch_lines([
+        "*bench_relu::v0[[]seen-small[]] PASSED*",
+        "*bench_relu::v0[[]seen-n=100[]] PASSED*",
+        "*bench_relu::v0[[]unseen-odd[]] PASSED*",
+        "*bench_relu::v1[[]seen-small[]] FAILED*",
+    ])
+    result.assert_outcomes(passed=3, failed=3)
+
+
+def test_kernelbench_problem(pytester, make_case, run_kcoral):
+    make_case("kb/relu_linear", KERNELBENCH_CASE, {"fused": KERNELBENCH_CANDIDATE})
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.stdout.fnmatch_lines(["*kb/relu_linear::fused[[]seen-batch_size=4[]] PASSED*", "*unseen-batch_size=5*PASSED*"])
+    result.assert_outcomes(passed=2)
+
+
+def test_kernelbench_without_seen_uses_the_files_own_shape(pytester, make_case, run_kcoral):
+    src = KERNELBENCH_CASE.replace('SEEN = [{"batch_size": 4}]\nUNSEEN = [{"batch_size": 5}]\n', "")
+    make_case("kb/plain", src, {"fused": KERNELBENCH_CANDIDATE})
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.stdout.fnmatch_lines(["*kb/plain::fused[[]seen-default[]] PASSED*"])
+
+
+def test_submissions_single_file_and_attempts(pytester, make_case, run_kcoral):
+    make_case("cases/add", candidates={})
+    subs = pytester.path / "subs"
+    (subs / "team-a").mkdir(parents=True)
+    (subs / "team-a" / "add.py").write_text("def run(a, b):\n    return a + b\n")
+    (subs / "team-b" / "add").mkdir(parents=True)
+    (subs / "team-b" / "add" / "try1.py").write_text("def run(a, b):\n    return a - b\n")
+    (subs / "team-b" / "add" / "try2.py").write_text("def run(a, b):\n    return b + a\n")
+    result = run_kcoral("cases", "--kcoral-submissions", str(subs), "--kcoral-mode", "correctness", "-v", "-m", "seen")
+    result.stdout.fnmatch_lines([
+        "*cases/add::team-a[[]seen-n=256[]] PASSED*",
+        "*cases/add::team-b/try1[[]seen-n=256[]] FAILED*",
+        "*cases/add::team-b/try2[[]seen-n=256[]] PASSED*",
+    ])
+
+
+@pytest.mark.parametrize(
+    ("case_src", "problem"),
+    [
+        ("SEEN = [\n", "syntax error at line 1"),
+        ("SEEN = [{'n': 1}]\ndef reference(a):\n    return a\n", "missing required function make_inputs()"),
+        ("SEEN = []\ndef make_inputs(s, d):\n    pass\ndef reference(a):\n    return a\n", "SEEN is empty"),
+        ("SEEN = [4096]\ndef make_inputs(s, d):\n    pass\ndef reference(a):\n    return a\n", "SEEN[[]0[]] must be a shape dict, got int 4096"),
+        ("SEEN = [{'n': 1}]\nTIER = 7\ndef make_inputs(s, d):\n    pass\ndef reference(a):\n    return a\n", "TIER must be an integer from 1 to 5, got 7"),
+        ("def make_inputs(s, d):\n    pass\ndef reference(a):\n    return a\n", "missing required name SEEN"),
+    ],
+)
+def test_malformed_case_is_a_collection_error_and_the_rest_run(pytester, make_case, run_kcoral, case_src, problem):
+    make_case("cases/good")
+    make_case("cases/broken", case_src)
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines([f"*cases/broken/case.py: {problem}*"])
+    result.assert_outcomes(passed=2, errors=1)
+    assert result.ret != 0
+
+
+def test_malformed_bench_json(pytester, run_kcoral):
+    folder = pytester.path / "bench_bad"
+    folder.mkdir()
+    (folder / "bench.json").write_text("{not json")
+    (folder / "bench.py").write_text(KCORAL_BENCH_PY)
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines(["*bench_bad/bench.json: invalid JSON at line 1*"])
+    result.assert_outcomes(errors=1)
+
+
+def test_gpu_only_shape_skips_on_cpu(pytester, make_case, run_kcoral):
+    src = textwrap.dedent(
+        """
+        import torch
+        SEEN = [{"n": 64}, {"n": 1 << 26, "gpu_only": True}]
+        def make_inputs(shape, device):
+            return (torch.randn(shape["n"], device=device),)
+        def reference(x):
+            return x * 2
+        """
+    )
+    make_case("cases/big", src, {"good": "def run(x):\n    return x * 2\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*gpu_only and no GPU is visible*"])
+
+
+def test_case_whose_inputs_need_cuda_skips_on_cpu(pytester, make_case, run_kcoral):
+    src = textwrap.dedent(
+        """
+        import torch
+        SEEN = [{"n": 64}]
+        def make_inputs(shape, device):
+            return (torch.randn(shape["n"], device="cuda"),)
+        def reference(x):
+            return x * 2
+        """
+    )
+    make_case("cases/cuda_only", src, {"good": "def run(x):\n    return x * 2\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*the case needs CUDA*"])

@@ -1,0 +1,95 @@
+"""Every correctness rule of spec section 3, each tripped by a real candidate in a real child."""
+
+from __future__ import annotations
+
+import pytest
+
+CASE_WITH_INPLACE = """
+import torch
+SEEN = [{"n": 256}]
+INPLACE = [0]
+
+def make_inputs(shape, device):
+    n = shape["n"]
+    return torch.randn(n, device=device), torch.randn(n, device=device)
+
+def reference(a, b):
+    return a + b
+"""
+
+RULES = {
+    "structure": ("def run(a, b):\n    return a + b, a - b\n", "returned 2 output(s), the reference returns 1"),
+    "dtype": ("def run(a, b):\n    return (a + b).double()\n", "output 0 has dtype torch.float64, expected torch.float32"),
+    "shape": ("def run(a, b):\n    return (a + b)[:-1]\n", "output 0 has shape (255,), expected (256,)"),
+    "not_a_tensor": ("def run(a, b):\n    return (a + b).tolist()\n", "output 0 is a builtins.float, not a plain torch.Tensor*"),
+    "subclass": (
+        "import torch\nclass Lazy(torch.Tensor):\n    pass\ndef run(a, b):\n    return (a + b).as_subclass(Lazy)\n",
+        "output 0 is a kcoral_candidate.Lazy, not a plain torch.Tensor (subclasses and lazy objects are refused)",
+    ),
+    "sparse": ("def run(a, b):\n    return (a + b).to_sparse()\n", "output 0 is not a dense tensor (layout torch.sparse_coo)"),
+    "finite": (
+        "import torch\ndef run(a, b):\n    out = a + b\n    out[3] = float('inf')\n    return out\n",
+        "output 0: 1 of 256 elements are NaN/Inf where the reference is finite, first at index (3,)*",
+    ),
+    "tolerance": ("def run(a, b):\n    return a + b + 1e-3\n", "output 0: 256 of 256 elements (100%) outside atol 0.0001 + rtol 0.0001 x |ref|*"),
+    "aliasing": ("def run(a, b):\n    return a.add_(b)\n", "output 0 shares memory with input 0"),
+    "inputs_changed": ("def run(a, b):\n    out = a + b\n    b.zero_()\n    return out\n", "input 1 was modified*only inputs listed in INPLACE may be written"),
+    "unwritten": (
+        "import torch\ndef run(a, b):\n    out = torch.empty_like(a)\n    out[:128] = (a + b)[:128]\n    return out\n",
+        # NaN poison where the allocator reuses the poisoned block (always on CUDA), stale values otherwise
+        "output 0: 128 of 256 elements*",
+    ),
+    "ignores_inputs": (
+        "import torch\ndef run(a, b):\n    g = torch.Generator().manual_seed(0)\n    return torch.randn(a.shape, generator=g)\n",
+        "*the output does not depend on the inputs*",
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_rule_fails_the_item_with_its_message(make_case, run_kcoral, rule):
+    source, message = RULES[rule]
+    make_case("cases/add", CASE_WITH_INPLACE, {"bad": source, "good": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "kcoral correctness failed" in result.stdout.str()
+    result.stdout.fnmatch_lines([f"*{message}*"])
+
+
+def test_inplace_inputs_may_be_written(make_case, run_kcoral):
+    make_case("cases/add", CASE_WITH_INPLACE, {"inplace": "def run(a, b):\n    out = a + b\n    a.zero_()\n    return out\n"})
+    run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=1)
+
+
+def test_strict_tolerance_uses_max_abs_and_max_rel(make_case, run_kcoral):
+    # a tiny absolute error on elements near zero: within atol + rtol*|ref| elementwise,
+    # but its relative error is large, which strict mode refuses
+    src = "import torch\ndef run(a, b):\n    out = a + b\n    out[0] = out[0] + 5e-5\n    return out\n"
+    case = CASE_WITH_INPLACE.replace("return a + b", "out = a + b\n    out[0] = 1e-3\n    return out")
+    cand = src.replace("out[0] = out[0] + 5e-5", "out[0] = 1e-3 + 5e-5")
+    make_case("cases/add", case, {"near_zero": cand})
+    run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=1)
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-tolerance", "strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*max rel error 0.05 (rtol 0.0001) under --kcoral-tolerance strict*"])
+
+
+def test_declared_tolerance_overrides_the_dtype_default(make_case, run_kcoral):
+    case = CASE_WITH_INPLACE + "ATOL = 1e-2\nRTOL = 1e-2\n"
+    make_case("cases/add", case, {"loose": "def run(a, b):\n    return a + b + 1e-3\n"})
+    run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=1)
+
+
+def test_comparison_happens_outside_the_candidate_process(make_case, run_kcoral):
+    # patching torch's comparison functions inside the candidate changes nothing
+    src = (
+        "import torch\n"
+        "torch.allclose = lambda *a, **k: True\n"
+        "torch.equal = lambda *a, **k: True\n"
+        "torch.testing.assert_close = lambda *a, **k: None\n"
+        "def run(a, b):\n    return a - b\n"
+    )
+    make_case("cases/add", CASE_WITH_INPLACE, {"patcher": src})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*outside atol*"])
