@@ -24,6 +24,10 @@ from pytest_kcoral.results import ItemResult
 COLLECTION_ERROR_LINES = 20
 
 
+# The registered session, for modules that add to it (``config.stash[session_key].lease_history``).
+session_key = pytest.StashKey["KcoralSession"]()
+
+
 def _shorten(text: str, limit: int = COLLECTION_ERROR_LINES) -> str:
     """The head and the tail of a long error: the file is named first, the error last."""
     lines = text.rstrip().splitlines()
@@ -50,6 +54,7 @@ class KcoralSession:
         self._saved_run: dict[tuple[str, str], float | None] | None = None
         self._compare_path = config.getoption("kcoral_compare", None)
         self._compare_threshold: float | None = None
+        config.stash[session_key] = self
         if self.is_worker:
             return
         threshold = config.getoption("kcoral_compare_fail", None)

@@ -121,6 +121,34 @@ def test_write_atomically_keeps_old_file_when_writing_fails(tmp_path, monkeypatc
     assert os.listdir(tmp_path) == ["results.json"]
 
 
+# -- environment -----------------------------------------------------------------------------
+
+
+def test_parse_nvidia_smi_output():
+    from pytest_kcoral import environment
+
+    csv = ("NVIDIA H200, GPU-1234, 570.86.15, 1980 MHz, 1980 MHz, 2619 MHz\n"
+           "NVIDIA H200, GPU-5678, 570.86.15, 345 MHz, 1980 MHz, 2619 MHz\n")
+    gpus = environment.parse_gpu_query(csv)
+    assert gpus[1] == {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-5678",
+                       "driver_version": "570.86.15", "clock_sm_mhz": 345.0,
+                       "clock_max_sm_mhz": 1980.0, "clock_mem_mhz": 2619.0}
+    banner = "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8     |"
+    assert environment.parse_cuda_version(banner) == "12.8"
+    assert environment.parse_cuda_version("no banner") is None
+
+
+def test_environment_does_not_import_torch(pytester: pytest.Pytester):
+    # a fresh interpreter: this one may have torch loaded already
+    result = pytester.runpython_c(
+        "import sys, json; from pytest_kcoral.environment import collect_environment; "
+        "env = collect_environment(); json.dumps(env); "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "print('host', env['host'], 'packages', sorted(env['packages']))")
+    assert result.ret == 0, result.stderr.str()
+    result.stdout.fnmatch_lines(["host * packages *'pytest-kcoral'*"])
+
+
 # -- step summary -----------------------------------------------------------------------------
 
 
@@ -227,7 +255,7 @@ def test_terminal_lines():
     assert max(len(line) for line in lines) <= 100
     LineMatcher(lines).fnmatch_lines([
         "case::candidate * comp seen  seen x unseen  unsn x   gap    AKA  bench",
-        "cases/softmax::naive * yes  yes   3.00x      -       -     -  420.0  120.0",
+        "cases/softmax::naive * yes  yes   3.00x      -       -     -  420.0   80.0",
         "cases/vector_add::triton_v1 * yes  yes   1.50x    1/1   1.20x   20%  270.0   65.0",
         "cases/vector_add::triton_v2 * yes   no   0.50x    0/1       -     -   20.0    0.0",
         "pairs 3  compiled 100%  correct 67%",
@@ -269,10 +297,11 @@ def test_terminal_pass_at_k_partial_and_regressions():
 
 FAKE_PIPELINE = textwrap.dedent("""
     import pytest
-    from pytest_kcoral.session import KcoralSession
+    from pytest_kcoral.session import KcoralSession, session_key
 
     def pytest_configure(config):
         config.pluginmanager.register(KcoralSession(config), "kcoral-session")
+        config.stash[session_key].lease_history.append({"device": "cpu", "event": "demo"})
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(item, call):
@@ -345,6 +374,7 @@ def test_session_summary_and_json(fake_suite: pytest.Pytester, monkeypatch):
     assert len(doc["items"]) == 8
     assert [e["nodeid"] for e in doc["collection_errors"]] == ["broken.py"]
     assert "SyntaxError" in doc["collection_errors"][0]["message"]
+    assert doc["lease_history"] == [{"device": "cpu", "event": "demo"}]
     assert "| `cases/a` | `v1` | yes | yes | 1.50x |" in summary.read_text()
 
 

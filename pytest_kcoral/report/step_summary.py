@@ -33,7 +33,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
             f"`{c.case}`", f"`{c.candidate}`", fmt_bool(c.compiled), fmt_bool(c.correct_seen),
             fmt_speedup(c.mean_speedup_seen), fmt_unseen(c.correct_unseen),
             fmt_speedup(c.mean_speedup_unseen), fmt_pct(c.generalization_gap),
-            fmt_score(c.aka_score), fmt_score(c.bench_lite_weighted),
+            fmt_score(c.aka_score), fmt_score(c.bench_lite),
         )) + " |")
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     out += [

@@ -18,7 +18,7 @@ from pytest_kcoral.scoring import Scores
 NAME_WIDTH = 40
 COLUMNS = (  # header, width
     ("comp", 4), ("seen", 4), ("seen x", 7), ("unseen", 6), ("unsn x", 7), ("gap", 5),
-    ("AKA", 6), ("bench", 6),
+    ("AKA", 6), ("bench", 6),  # bench-lite before the tier weight
 )
 
 
@@ -44,7 +44,7 @@ def table_lines(scores: Scores) -> list[str]:
             fmt_speedup(c.mean_speedup_unseen),
             fmt_pct(c.generalization_gap),
             fmt_score(c.aka_score),
-            fmt_score(c.bench_lite_weighted),
+            fmt_score(c.bench_lite),
         ]))
     return lines
 
