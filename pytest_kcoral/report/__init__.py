@@ -1,0 +1,32 @@
+"""Reports of a session's scores: the terminal table, the JSON artifact, the GitHub step summary
+and the comparison with a saved run. Each module reads ``pytest_kcoral.scoring.Scores``; the
+number formats they share live here."""
+
+from __future__ import annotations
+
+
+def fmt_speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def fmt_pct(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def fmt_score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def fmt_bool(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def fmt_unseen(correct_unseen: dict[str, bool]) -> str:
+    """``k/n`` unseen shapes correct; ``-`` when the case has no unseen shapes."""
+    if not correct_unseen:
+        return "-"
+    return f"{sum(correct_unseen.values())}/{len(correct_unseen)}"
+
+
+def pair_name(case: str, candidate: str) -> str:
+    return f"{case}::{candidate}"

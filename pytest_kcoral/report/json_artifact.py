@@ -1,0 +1,121 @@
+"""``--kcoral-json PATH``: the session as one versioned JSON document (docs/json-schema.md).
+
+Written atomically (temporary file in the same directory, fsync, ``os.replace``) so a reader, or
+a ``--kcoral-compare`` of a later run, never sees half a file, even when the session is
+interrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from pytest_kcoral.options import Settings
+from pytest_kcoral.report.compare import CompareResult
+from pytest_kcoral.results import ItemResult
+from pytest_kcoral.scoring import Scores
+
+SCHEMA = "pytest-kcoral/1"
+
+
+def _jsonable(value: Any) -> Any:
+    """Paths to strings, tuples to lists, non-finite floats to None (strict JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def settings_config(settings: Settings | None) -> dict[str, Any]:
+    """The options of the session; the seed is left out here and recorded at the top level."""
+    if settings is None:
+        return {}
+    config = dataclasses.asdict(settings)
+    config.pop("seed", None)
+    config.pop("seed_is_secret", None)
+    return _jsonable(config)
+
+
+def build_document(
+    items: Sequence[ItemResult],
+    scores: Scores,
+    *,
+    settings: Settings | None = None,
+    environment: dict[str, Any] | None = None,
+    partial: bool = False,
+    collection_errors: Sequence[dict[str, Any]] = (),
+    lease_history: Sequence[dict[str, Any]] = (),
+    compare: CompareResult | None = None,
+    created: datetime.datetime | None = None,
+) -> dict[str, Any]:
+    created = created or datetime.datetime.now(datetime.timezone.utc)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "partial": bool(partial),
+        "created": created.isoformat(timespec="seconds"),
+        "config": settings_config(settings),
+        "environment": environment or {},
+        "seed": settings.seed if settings is not None else None,
+        "seed_is_secret": settings.seed_is_secret if settings is not None else None,
+        "items": [it.to_dict() for it in sorted(items, key=lambda it: it.nodeid)],
+        "candidates": [c.to_dict() for c in scores.candidates],
+        "cases": [c.to_dict() for c in scores.cases],
+        "suite": scores.suite.to_dict(),
+        "leaderboard": [e.to_dict() for e in scores.leaderboard],
+        "weak_cases": [w.to_dict() for w in scores.weak_cases],
+        "collection_errors": list(collection_errors),
+        "lease_history": list(lease_history),
+        "compare": compare.to_dict() if compare is not None else None,
+    }
+    return _jsonable(doc)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(path: str | Path, doc: dict[str, Any]) -> Path:
+    """Write ``doc`` to ``path`` so that the path holds either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a plain file's mode
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable; not every filesystem lets a directory be opened
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+    return path

@@ -1,0 +1,75 @@
+"""A Markdown table of the scores appended to ``$GITHUB_STEP_SUMMARY`` (GitHub Actions shows it on
+the run's page). Never prints the seed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pytest_kcoral.report import fmt_bool, fmt_pct, fmt_score, fmt_speedup, fmt_unseen
+from pytest_kcoral.report.compare import CompareResult
+from pytest_kcoral.scoring import Scores
+
+ENV_VAR = "GITHUB_STEP_SUMMARY"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareResult | None = None) -> str:
+    s = scores.suite
+    q = s.quadrants
+    out = ["## pytest-kcoral", ""]
+    if partial:
+        out += ["> **Partial run**: the session was interrupted; scores cover the items that ran.", ""]
+    out += [
+        "| case | candidate | compiled | seen correct | seen speedup | unseen correct"
+        " | unseen speedup | gap | AKA | bench-lite |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in scores.candidates:
+        out.append("| " + " | ".join(_cell(x) for x in (
+            f"`{c.case}`", f"`{c.candidate}`", fmt_bool(c.compiled), fmt_bool(c.correct_seen),
+            fmt_speedup(c.mean_speedup_seen), fmt_unseen(c.correct_unseen),
+            fmt_speedup(c.mean_speedup_unseen), fmt_pct(c.generalization_gap),
+            fmt_score(c.aka_score), fmt_score(c.bench_lite),
+        )) + " |")
+    fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
+    out += [
+        "",
+        f"- pairs {s.pairs}: compiled {fmt_pct(s.compile_rate)}, correct {fmt_pct(s.correctness_rate)}",
+        f"- {fast}",
+        f"- speedup mean {fmt_speedup(s.mean_speedup)}, geomean {fmt_speedup(s.geomean_speedup)},"
+        f" mean generalization gap {fmt_pct(s.mean_generalization_gap)}",
+        f"- unseen P(candidate correct | baseline correct) {fmt_pct(s.conditional_correctness)}"
+        f" (both pass {q.both_pass}, regressed {q.candidate_regressed}, both fail {q.both_fail},"
+        f" improved {q.candidate_improved})",
+    ]
+    if s.pass_at_k:
+        out.append("- pass@k: " + ", ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
+    out.append(f"- bench-lite total (tier-weighted) {fmt_score(s.bench_lite_total)}")
+    for w in scores.weak_cases:
+        out.append(f"- **weak case** `{w.case}`: zeros or a constant match the reference on "
+                   f"{', '.join(w.shapes)}")
+    if scores.leaderboard:
+        out += ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
+        for e in scores.leaderboard:
+            team = _cell(e.team) if e.team is not None else "(bundled)"
+            out.append(f"| {e.rank} | {team} | {fmt_score(e.bench_lite_total)} |"
+                       f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
+    if compare is not None and compare.regressions:
+        out += ["", f"**{len(compare.regressions)} regression(s)** against `{compare.path}`:", ""]
+        for r in compare.regressions:
+            out.append(f"- `{r.case}::{r.candidate}` {fmt_speedup(r.old_speedup)} ->"
+                       f" {fmt_speedup(r.new_speedup)} ({r.change_pct:+.1f}%)")
+    return "\n".join(out) + "\n"
+
+
+def append_step_summary(path: str | Path, markdown: str) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(markdown)
+
+
+def step_summary_path() -> str | None:
+    return os.environ.get(ENV_VAR) or None

@@ -1,0 +1,124 @@
+"""The terminal summary (controller only): one row per (case, candidate), then the suite.
+
+``summary_lines`` is a pure function so tests can read the table without a terminal; it fits a
+100-column terminal. The seed is printed only when the user chose it: a secret seed must not
+reach logs a candidate's author can read.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+
+from pytest_kcoral.report import fmt_bool, fmt_pct, fmt_score, fmt_speedup, fmt_unseen, pair_name
+from pytest_kcoral.report.compare import CompareResult
+from pytest_kcoral.scoring import Scores
+
+NAME_WIDTH = 40
+COLUMNS = (  # header, width
+    ("comp", 4), ("seen", 4), ("seen x", 7), ("unseen", 6), ("unsn x", 7), ("gap", 5),
+    ("AKA", 6), ("bench", 6),  # bench-lite before the tier weight
+)
+
+
+def _clip(text: str, width: int) -> str:
+    # Keep the end: the candidate name tells rows apart, the case prefix repeats.
+    return text if len(text) <= width else "..." + text[-(width - 3):]
+
+
+def _row(name: str, cells: Sequence[str]) -> str:
+    parts = [f"{_clip(name, NAME_WIDTH):<{NAME_WIDTH}}"]
+    parts += [f"{cell:>{width}}" for cell, (_, width) in zip(cells, COLUMNS)]
+    return " ".join(parts).rstrip()
+
+
+def table_lines(scores: Scores) -> list[str]:
+    lines = [_row("case::candidate", [h for h, _ in COLUMNS])]
+    for c in scores.candidates:
+        lines.append(_row(pair_name(c.case, c.candidate), [
+            fmt_bool(c.compiled),
+            fmt_bool(c.correct_seen),
+            fmt_speedup(c.mean_speedup_seen),
+            fmt_unseen(c.correct_unseen),
+            fmt_speedup(c.mean_speedup_unseen),
+            fmt_pct(c.generalization_gap),
+            fmt_score(c.aka_score),
+            fmt_score(c.bench_lite),
+        ]))
+    return lines
+
+
+def suite_lines(scores: Scores) -> list[str]:
+    s = scores.suite
+    q = s.quadrants
+    fast = " ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
+    lines = [
+        f"pairs {s.pairs}  compiled {fmt_pct(s.compile_rate)}  correct {fmt_pct(s.correctness_rate)}",
+        fast,
+        f"speedup mean {fmt_speedup(s.mean_speedup)}  geomean {fmt_speedup(s.geomean_speedup)}"
+        f"  mean gap {fmt_pct(s.mean_generalization_gap)}",
+        f"unseen P(candidate ok | baseline ok) {fmt_pct(s.conditional_correctness)}:"
+        f" both pass {q.both_pass}, regressed {q.candidate_regressed},"
+        f" both fail {q.both_fail}, improved {q.candidate_improved}",
+    ]
+    if s.pass_at_k:
+        lines.append("pass@k " + "  ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
+    lines.append(f"bench-lite total (tier-weighted) {fmt_score(s.bench_lite_total)}")
+    if scores.leaderboard:
+        lines.append("leaderboard (best attempt per case):")
+        for e in scores.leaderboard:
+            team = e.team if e.team is not None else "(bundled)"
+            lines.append(
+                f"  {e.rank:>2}. {_clip(team, 30):<30} {fmt_score(e.bench_lite_total):>8}"
+                f"  correct {e.cases_correct}/{e.cases}  mean {fmt_speedup(e.mean_speedup)}")
+    for w in scores.weak_cases:
+        lines.append(f"WEAK case {w.case}: zeros or a constant match the reference on "
+                     f"{', '.join(w.shapes)}")
+    return lines
+
+
+def compare_lines(result: CompareResult) -> list[str]:
+    threshold = f"fail below -{result.threshold_pct:g}%" if result.threshold_pct is not None else "report only"
+    lines = [f"compared with {result.path} ({threshold}): {len(result.compared)} pairs,"
+             f" {len(result.regressions)} regressed"]
+    for r in result.regressions:
+        lines.append(f"  REGRESSION {pair_name(r.case, r.candidate)}: {fmt_speedup(r.old_speedup)}"
+                     f" -> {fmt_speedup(r.new_speedup)} ({r.change_pct:+.1f}%)")
+    return lines
+
+
+def summary_lines(
+    scores: Scores,
+    *,
+    seed: int | None = None,
+    seed_is_secret: bool = True,
+    partial: bool = False,
+    compare: CompareResult | None = None,
+    collection_errors: Sequence[dict] = (),
+    json_path: str | None = None,
+) -> list[str]:
+    """Every line of the summary below its title."""
+    lines: list[str] = []
+    if partial:
+        lines.append("PARTIAL: the session was interrupted; scores cover the items that ran")
+    lines += table_lines(scores)
+    lines.append("")
+    lines += suite_lines(scores)
+    for err in collection_errors:
+        first = (err.get("message") or "").strip().splitlines()
+        lines.append(f"collection error {err.get('nodeid')}: {first[-1] if first else ''}")
+    if compare is not None:
+        lines += compare_lines(compare)
+    if seed is not None and not seed_is_secret:
+        lines.append(f"seed {seed}")
+    if json_path:
+        lines.append(f"results written to {json_path}")
+    return lines
+
+
+def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str]) -> None:
+    terminalreporter.write_sep("=", "kcoral summary")
+    for line in lines:
+        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error"))
+        terminalreporter.write_line(line, red=red)

@@ -1,0 +1,173 @@
+"""The controller side of a session: gather every item's result, score them, and write the
+terminal summary, the JSON artifact, the GitHub step summary and the comparison with a saved run.
+
+The main plugin registers ``KcoralSession`` on the controller (or on a plain run). Results arrive
+as ``report.kcoral_result`` dicts on test reports; pytest-xdist carries extra report attributes
+from workers to the controller, so this class sees every item once, wherever it ran. On an xdist
+worker it stays inert: the summary and artifacts are written once, on the controller.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from pytest_kcoral import scoring
+from pytest_kcoral.environment import collect_environment
+from pytest_kcoral.options import Settings
+from pytest_kcoral.report import compare as compare_mod
+from pytest_kcoral.report import json_artifact, step_summary, terminal
+from pytest_kcoral.results import ItemResult
+
+COLLECTION_ERROR_LINES = 20
+
+
+# The registered session, for modules that add to it (``config.stash[session_key].lease_history``).
+session_key = pytest.StashKey["KcoralSession"]()
+
+
+def _shorten(text: str, limit: int = COLLECTION_ERROR_LINES) -> str:
+    """The head and the tail of a long error: the file is named first, the error last."""
+    lines = text.rstrip().splitlines()
+    if len(lines) <= limit:
+        return "\n".join(lines)
+    head = 5
+    return "\n".join(lines[:head] + ["..."] + lines[-(limit - head - 1):])
+
+
+class KcoralSession:
+    """Per-run state of the summary; others may append lease events to ``lease_history``."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.is_worker = hasattr(config, "workerinput")
+        self.results: dict[str, ItemResult] = {}  # nodeid -> last result reported for it
+        self.collection_errors: list[dict[str, Any]] = []
+        self.lease_history: list[dict[str, Any]] = []
+        self.interrupted = False
+        self.scores: scoring.Scores | None = None
+        self.compare_result: compare_mod.CompareResult | None = None
+        self.partial = False
+        self.json_written: str | None = None
+        self._saved_run: dict[tuple[str, str], float | None] | None = None
+        self._compare_path = config.getoption("kcoral_compare", None)
+        self._compare_threshold: float | None = None
+        config.stash[session_key] = self
+        if self.is_worker:
+            return
+        threshold = config.getoption("kcoral_compare_fail", None)
+        if threshold is not None and not self._compare_path:
+            raise pytest.UsageError("--kcoral-compare-fail needs --kcoral-compare OLD.json")
+        if threshold is not None:
+            try:
+                self._compare_threshold = compare_mod.parse_threshold(threshold)
+            except ValueError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        if self._compare_path:
+            # Read the saved run now: a wrong path should fail in a second, not after the suite.
+            try:
+                self._saved_run = compare_mod.load_saved_run(self._compare_path)
+            except compare_mod.CompareError as exc:
+                raise pytest.UsageError(str(exc)) from None
+
+    @property
+    def settings(self) -> Settings | None:
+        from pytest_kcoral.plugin import settings_key
+
+        return self.config.stash.get(settings_key, None)
+
+    @property
+    def items(self) -> list[ItemResult]:
+        return [self.results[k] for k in sorted(self.results)]
+
+    # -- gathering -----------------------------------------------------------------------------
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, "kcoral_result", None)
+        if self.is_worker or not isinstance(data, dict):
+            return
+        result = ItemResult.from_dict(data)
+        self.results[result.nodeid or report.nodeid] = result
+
+    @pytest.hookimpl
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if self.is_worker or not report.failed:
+            return
+        if any(e["nodeid"] == report.nodeid for e in self.collection_errors):
+            return
+        self.collection_errors.append({"nodeid": report.nodeid, "message": _shorten(report.longreprtext)})
+
+    @pytest.hookimpl
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        self.interrupted = True
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def build_scores(self) -> scoring.Scores:
+        self.scores = scoring.score(self.items)
+        return self.scores
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
+        if self.is_worker:
+            return
+        self.partial = bool(
+            self.interrupted
+            or exitstatus == pytest.ExitCode.INTERRUPTED
+            or session.shouldstop
+            or session.shouldfail
+        )
+        scores = self.build_scores()
+        if self._saved_run is not None:
+            self.compare_result = compare_mod.compare_runs(
+                self._saved_run, scores.candidates, self._compare_threshold, self._compare_path)
+        settings = self.settings
+        if settings is not None and settings.json_path is not None:
+            doc = json_artifact.build_document(
+                self.items, scores,
+                settings=settings,
+                environment=collect_environment(),
+                partial=self.partial,
+                collection_errors=self.collection_errors,
+                lease_history=self.lease_history,
+                compare=self.compare_result,
+            )
+            try:
+                self.json_written = str(json_artifact.write_atomically(settings.json_path, doc))
+            except OSError as exc:
+                sys.stderr.write(f"pytest-kcoral: cannot write {settings.json_path}: {exc}\n")
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        summary_file = step_summary.step_summary_path()
+        if summary_file:
+            try:
+                step_summary.append_step_summary(
+                    summary_file,
+                    step_summary.render_markdown(scores, partial=self.partial, compare=self.compare_result))
+            except OSError as exc:
+                sys.stderr.write(f"pytest-kcoral: cannot append to ${step_summary.ENV_VAR} {summary_file}: {exc}\n")
+        if self.compare_result is not None and self.compare_result.regressions:
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.is_worker:
+            return
+        scores = self.scores if self.scores is not None else self.build_scores()
+        if not scores.candidates and not self.collection_errors:
+            return
+        settings = self.settings
+        lines = terminal.summary_lines(
+            scores,
+            seed=settings.seed if settings is not None else None,
+            seed_is_secret=settings.seed_is_secret if settings is not None else True,
+            partial=self.partial,
+            compare=self.compare_result,
+            collection_errors=self.collection_errors,
+            json_path=self.json_written,
+        )
+        terminal.write_summary(terminalreporter, lines)

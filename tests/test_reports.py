@@ -1,0 +1,451 @@
+"""Reports: the JSON artifact, the step summary, the comparison with a saved run, the terminal
+table, and the controller-side session end to end (serial and under xdist)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+from _pytest.pytester import LineMatcher
+
+from pytest_kcoral import scoring
+from pytest_kcoral.options import Settings
+from pytest_kcoral.report import compare, json_artifact, step_summary, terminal
+from pytest_kcoral.results import ItemResult
+
+TOP_LEVEL_KEYS = {
+    "schema", "partial", "created", "config", "environment", "seed", "seed_is_secret", "items",
+    "candidates", "cases", "suite", "leaderboard", "weak_cases", "collection_errors",
+    "lease_history", "compare",
+}
+
+
+def item(case="cases/vector_add", candidate="triton_v1", split="seen", shape_id="n=4096", *,
+         speedup=None, correct=True, baseline_correct=None, team=None, tier=1, weak=None) -> ItemResult:
+    return ItemResult(
+        nodeid=f"{case}::{candidate}[{split}-{shape_id}]", case=case, candidate=candidate,
+        split=split, shape={"n": 1}, shape_id=shape_id, tier=tier, team=team,
+        stage="done" if correct else "correctness", outcome="passed" if correct else "failed",
+        compiled=True, correct=correct, baseline_correct=baseline_correct, speedup=speedup,
+        timer="wall" if speedup else None, weak_reference=weak,
+    )
+
+
+def fixed_items() -> list[ItemResult]:
+    return [
+        item(shape_id="n=4096", speedup=2.0),
+        item(shape_id="n=1M", speedup=1.0),
+        item(split="unseen", shape_id="n=3", speedup=1.2, baseline_correct=True),
+        item(candidate="triton_v2", shape_id="n=4096", speedup=0.5),
+        item(candidate="triton_v2", shape_id="n=1M", correct=False),
+        item(candidate="triton_v2", split="unseen", shape_id="n=3", correct=False, baseline_correct=True),
+        item(case="cases/softmax", candidate="naive", speedup=3.0, tier=2, weak=True),
+    ]
+
+
+def settings(tmp_path: Path, *, seed: int = 1234, secret: bool = True) -> Settings:
+    return Settings(
+        mode="full", submissions=(), trials=3, timeout_s=300.0, min_speedup=None,
+        tolerance="elementwise", timer=None, seed=seed, seed_is_secret=secret, devices=None,
+        lease_dir=None, lease_timeout_s=None, json_path=tmp_path / "out.json", url=None,
+        sandbox=False, artifacts=None, timing_budget_s=None,
+    )
+
+
+# -- JSON artifact -----------------------------------------------------------------------------
+
+
+def test_document_schema(tmp_path):
+    items = fixed_items()
+    doc = json_artifact.build_document(
+        items, scoring.score(items), settings=settings(tmp_path), environment={"host": "h"},
+        partial=True, collection_errors=[{"nodeid": "cases/bad", "message": "SEEN is empty"}],
+        lease_history=[{"device": "cpu", "wait_ms": 1.0}],
+        created=datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+    )
+    assert set(doc) == TOP_LEVEL_KEYS
+    assert doc["schema"] == "pytest-kcoral/1"
+    assert doc["partial"] is True
+    assert doc["created"] == "2026-01-02T03:04:05+00:00"
+    assert doc["seed"] == 1234 and doc["seed_is_secret"] is True
+    assert "seed" not in doc["config"] and doc["config"]["json_path"] == str(tmp_path / "out.json")
+    assert [it["nodeid"] for it in doc["items"]] == sorted(it.nodeid for it in items)
+    assert [(c["case"], c["candidate"]) for c in doc["candidates"]] == [
+        ("cases/softmax", "naive"), ("cases/vector_add", "triton_v1"), ("cases/vector_add", "triton_v2")]
+    assert doc["candidates"][1]["scored_speedup"] == pytest.approx(1.5)
+    assert doc["suite"]["quadrants"] == {"both_pass": 1, "candidate_regressed": 1, "both_fail": 0,
+                                         "candidate_improved": 0}
+    assert doc["leaderboard"][0]["team"] is None
+    assert doc["weak_cases"] == [{"case": "cases/softmax", "shapes": ["n=4096"]}]
+    assert doc["collection_errors"][0]["nodeid"] == "cases/bad"
+    assert doc["lease_history"] == [{"device": "cpu", "wait_ms": 1.0}]
+    assert doc["compare"] is None
+    json.dumps(doc, allow_nan=False)
+
+
+def test_document_of_nothing_is_valid_json():
+    doc = json_artifact.build_document([], scoring.score([]))
+    assert set(doc) == TOP_LEVEL_KEYS and doc["partial"] is False and doc["items"] == []
+    json.dumps(doc, allow_nan=False)
+
+
+def test_non_finite_numbers_become_null():
+    odd = item(speedup=float("inf"))
+    doc = json_artifact.build_document([odd], scoring.score([odd]))
+    assert doc["items"][0]["speedup"] is None
+
+
+def test_write_atomically_replaces_whole_file(tmp_path):
+    path = tmp_path / "sub" / "results.json"
+    json_artifact.write_atomically(path, {"v": 1})
+    json_artifact.write_atomically(path, {"v": 2})
+    assert json.loads(path.read_text()) == {"v": 2}
+    assert os.listdir(path.parent) == ["results.json"]  # no temporary file left behind
+
+
+def test_write_atomically_keeps_old_file_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / "results.json"
+    json_artifact.write_atomically(path, {"v": 1})
+
+    def broken_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json_artifact.os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="No space"):
+        json_artifact.write_atomically(path, {"v": 2})
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert os.listdir(tmp_path) == ["results.json"]
+
+
+# -- environment -----------------------------------------------------------------------------
+
+
+def test_parse_nvidia_smi_output():
+    from pytest_kcoral import environment
+
+    csv = ("NVIDIA H200, GPU-1234, 570.86.15, 1980 MHz, 1980 MHz, 2619 MHz\n"
+           "NVIDIA H200, GPU-5678, 570.86.15, 345 MHz, 1980 MHz, 2619 MHz\n")
+    gpus = environment.parse_gpu_query(csv)
+    assert gpus[1] == {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-5678",
+                       "driver_version": "570.86.15", "clock_sm_mhz": 345.0,
+                       "clock_max_sm_mhz": 1980.0, "clock_mem_mhz": 2619.0}
+    banner = "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8     |"
+    assert environment.parse_cuda_version(banner) == "12.8"
+    assert environment.parse_cuda_version("no banner") is None
+
+
+def test_environment_does_not_import_torch(pytester: pytest.Pytester):
+    # a fresh interpreter: this one may have torch loaded already
+    result = pytester.runpython_c(
+        "import sys, json; from pytest_kcoral.environment import collect_environment; "
+        "env = collect_environment(); json.dumps(env); "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "print('host', env['host'], 'packages', sorted(env['packages']))")
+    assert result.ret == 0, result.stderr.str()
+    result.stdout.fnmatch_lines(["host * packages *'pytest-kcoral'*"])
+
+
+# -- step summary -----------------------------------------------------------------------------
+
+
+def test_step_summary_is_appended(tmp_path):
+    path = tmp_path / "summary.md"
+    path.write_text("# earlier step\n")
+    items = fixed_items()
+    markdown = step_summary.render_markdown(scoring.score(items), partial=True)
+    step_summary.append_step_summary(path, markdown)
+    text = path.read_text()
+    assert text.startswith("# earlier step\n## pytest-kcoral")
+    lines = text.splitlines()
+    LineMatcher(lines).fnmatch_lines([
+        "*Partial run*",
+        "| case | candidate | compiled | seen correct | seen speedup | unseen correct*",
+        "| `cases/vector_add` | `triton_v1` | yes | yes | 1.50x | 1/1 | 1.20x | 20% | 270.0 | 65.0 |",
+        "| `cases/vector_add` | `triton_v2` | yes | no | 0.50x | 0/1 | - | - | 20.0 | 0.0 |",
+        "*weak case* `cases/softmax`*",
+        "| 1 | (bundled) | 185.0 | 2/2 | 2.25x |",
+    ])
+
+
+# -- compare ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [("5%", 5.0), ("5", 5.0), (" 2.5 % ", 2.5), ("0", 0.0)])
+def test_parse_threshold(text, expected):
+    assert compare.parse_threshold(text) == expected
+
+
+@pytest.mark.parametrize("text", ["five", "-5%", "%", "nan"])
+def test_parse_threshold_rejects(text):
+    with pytest.raises(ValueError, match="kcoral-compare-fail"):
+        compare.parse_threshold(text)
+
+
+def _save(tmp_path, name, items):
+    path = tmp_path / name
+    json_artifact.write_atomically(path, json_artifact.build_document(items, scoring.score(items)))
+    return path
+
+
+def test_compare_detects_regressions(tmp_path):
+    old_items = [
+        item(candidate="fast", speedup=2.0),
+        item(candidate="steady", speedup=1.0),
+        item(candidate="gone", speedup=1.0),
+    ]
+    new_items = [
+        item(candidate="fast", speedup=1.8),  # -10%
+        item(candidate="steady", speedup=0.96),  # -4%
+        item(candidate="new", speedup=1.0),
+    ]
+    old_path = _save(tmp_path, "old.json", old_items)
+    saved = compare.load_saved_run(old_path)
+    assert saved == {("cases/vector_add", "fast"): 2.0, ("cases/vector_add", "gone"): 1.0,
+                     ("cases/vector_add", "steady"): 1.0}
+    result = compare.compare_runs(saved, scoring.score(new_items).candidates, 5.0, old_path)
+    assert [(r.candidate, r.regressed) for r in result.rows] == [("fast", True), ("steady", False)]
+    assert result.rows[0].change_pct == pytest.approx(-10.0)
+    assert [r.candidate for r in result.regressions] == ["fast"]
+    assert result.only_old == [("cases/vector_add", "gone")]
+    assert result.only_new == [("cases/vector_add", "new")]
+    # a looser threshold forgives it; no threshold only reports
+    assert not compare.compare_runs(saved, scoring.score(new_items).candidates, 15.0).regressions
+    assert not compare.compare_runs(saved, scoring.score(new_items).candidates, None).regressions
+    # regressions land in the JSON document
+    new_scores = scoring.score(new_items)
+    doc = json_artifact.build_document(new_items, new_scores, compare=result)
+    assert doc["compare"]["regressions"][0]["candidate"] == "fast"
+    assert doc["compare"]["threshold_pct"] == 5.0
+
+
+def test_compare_skips_pairs_without_speedup(tmp_path):
+    old_path = _save(tmp_path, "old.json", [item(candidate="a", speedup=2.0)])
+    new = scoring.score([item(candidate="a", correct=False)]).candidates
+    result = compare.compare_runs(compare.load_saved_run(old_path), new, 5.0)
+    assert result.rows[0].change_pct is None and not result.regressions
+
+
+def test_compare_missing_or_malformed_file(tmp_path):
+    with pytest.raises(compare.CompareError, match=r"nope\.json: no such file"):
+        compare.load_saved_run(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(compare.CompareError, match=r"bad\.json: not valid JSON"):
+        compare.load_saved_run(bad)
+    other = tmp_path / "other.json"
+    other.write_text('{"benchmarks": []}')
+    with pytest.raises(compare.CompareError, match=r"other\.json: not a pytest-kcoral"):
+        compare.load_saved_run(other)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema": "pytest-kcoral/1", "candidates": [{"case": "x"}]}')
+    with pytest.raises(compare.CompareError, match=r"broken\.json: malformed entry candidates\[0\]"):
+        compare.load_saved_run(broken)
+
+
+# -- terminal ---------------------------------------------------------------------------------
+
+
+def test_terminal_lines():
+    scores = scoring.score(fixed_items())
+    lines = terminal.summary_lines(scores, seed=99, seed_is_secret=False)
+    assert max(len(line) for line in lines) <= 100
+    LineMatcher(lines).fnmatch_lines([
+        "case::candidate * comp seen  seen x unseen  unsn x   gap    AKA  bench",
+        "cases/softmax::naive * yes  yes   3.00x      -       -     -  420.0   80.0",
+        "cases/vector_add::triton_v1 * yes  yes   1.50x    1/1   1.20x   20%  270.0   65.0",
+        "cases/vector_add::triton_v2 * yes   no   0.50x    0/1       -     -   20.0    0.0",
+        "pairs 3  compiled 100%  correct 67%",
+        "fast_0 67% fast_1 67% fast_1.5 33% fast_2 33%",
+        "speedup mean 2.25x  geomean 2.12x  mean gap 20%",
+        "unseen P(candidate ok | baseline ok) 50%: both pass 1, regressed 1, both fail 0, improved 0",
+        "bench-lite total (tier-weighted) 185.0",
+        "leaderboard (best attempt per case):",
+        "   1. (bundled) * 185.0  correct 2/2  mean 2.25x",
+        "WEAK case cases/softmax: zeros or a constant match the reference on n=4096",
+        "seed 99",
+    ])
+
+
+def test_terminal_never_prints_a_secret_seed():
+    lines = terminal.summary_lines(scoring.score(fixed_items()), seed=987654321, seed_is_secret=True)
+    assert not any("987654321" in line or line.startswith("seed") for line in lines)
+
+
+def test_terminal_pass_at_k_partial_and_regressions():
+    items = [item(candidate=f"team-a/{i}", team="team-a", correct=i == 1, speedup=1.0 if i == 1 else None)
+             for i in (1, 2)]
+    scores = scoring.score(items)
+    result = compare.CompareResult(path="old.json", threshold_pct=5.0, rows=[
+        compare.CompareRow("cases/vector_add", "team-a/1", 1.25, 1.0, -20.0, True)])
+    lines = terminal.summary_lines(scores, partial=True, compare=result,
+                                   collection_errors=[{"nodeid": "cases/bad", "message": "x\nSEEN is empty"}])
+    LineMatcher(lines).fnmatch_lines([
+        "PARTIAL: *",
+        "pass@k @1 0.50  @2 1.00",
+        "   1. team-a * 60.0  correct 1/1  mean 1.00x",
+        "collection error cases/bad: SEEN is empty",
+        "compared with old.json (fail below -5%): 1 pairs, 1 regressed",
+        "  REGRESSION cases/vector_add::team-a/1: 1.25x -> 1.00x (-20.0%)",
+    ])
+
+
+# -- the session, end to end --------------------------------------------------------------------
+
+FAKE_PIPELINE = textwrap.dedent("""
+    import pytest
+    from pytest_kcoral.session import KcoralSession, session_key
+
+    def pytest_configure(config):
+        config.pluginmanager.register(KcoralSession(config), "kcoral-session")
+        config.stash[session_key].lease_history.append({"device": "cpu", "event": "demo"})
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(item, call):
+        report = yield
+        if call.when == "call":
+            p = item.callspec.params
+            report.kcoral_result = {
+                "nodeid": item.nodeid, "case": p["case"], "candidate": p["candidate"],
+                "split": p["split"], "shape": {}, "shape_id": p["shape_id"],
+                "stage": "done" if p["correct"] else "correctness",
+                "outcome": report.outcome, "compiled": True, "correct": p["correct"],
+                "baseline_correct": True, "speedup": p["speedup"], "timer": "wall",
+                "weak_reference": p["shape_id"] == "weak",
+            }
+        return report
+""")
+
+FAKE_CASES = textwrap.dedent("""
+    import pytest
+
+    ITEMS = [
+        ("cases/a", "v1", "seen", "n=1", 2.0, True),
+        ("cases/a", "v1", "seen", "n=2", 1.0, True),
+        ("cases/a", "v1", "unseen", "n=3", 1.2, True),
+        ("cases/a", "v2", "seen", "n=1", 0.5, True),
+        ("cases/a", "v2", "seen", "n=2", None, False),
+        ("cases/a", "v2", "unseen", "n=3", None, False),
+        ("cases/b", "w", "seen", "weak", 3.0, True),
+        ("cases/b", "w", "seen", "n=8", 3.0, True),
+    ]
+
+    @pytest.mark.parametrize("case,candidate,split,shape_id,speedup,correct", ITEMS)
+    def test_item(case, candidate, split, shape_id, speedup, correct):
+        assert correct, "wrong output"
+""")
+
+
+@pytest.fixture
+def fake_suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(FAKE_PIPELINE)
+    pytester.makepyfile(test_fake=FAKE_CASES)
+    pytester.makefile(".py", broken="def oops(:\n")
+    return pytester
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest("-p", "kcoral", "test_fake.py", "broken.py",
+                              "--continue-on-collection-errors", *args)
+
+
+def test_session_summary_and_json(fake_suite: pytest.Pytester, monkeypatch):
+    summary = fake_suite.path / "step.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = _run(fake_suite, "--kcoral-json", "out.json", "--kcoral-seed", "4242")
+    result.assert_outcomes(passed=6, failed=2, errors=1)
+    result.stdout.fnmatch_lines([
+        "*= kcoral summary =*",
+        "case::candidate*",
+        "cases/a::v1 * yes  yes   1.50x    1/1   1.20x   20%  270.0   65.0",
+        "cases/a::v2 * yes   no   0.50x    0/1       -     -   20.0    0.0",
+        "cases/b::w * yes  yes   3.00x      -       -     -  420.0   80.0",
+        "WEAK case cases/b: *weak",
+        "collection error broken.py: *",
+        "seed 4242",
+        "results written to *out.json",
+    ])
+    doc = json.loads((fake_suite.path / "out.json").read_text())
+    assert set(doc) == TOP_LEVEL_KEYS
+    assert doc["partial"] is False and doc["seed"] == 4242 and doc["seed_is_secret"] is False
+    assert len(doc["items"]) == 8
+    assert [e["nodeid"] for e in doc["collection_errors"]] == ["broken.py"]
+    assert "SyntaxError" in doc["collection_errors"][0]["message"]
+    assert doc["lease_history"] == [{"device": "cpu", "event": "demo"}]
+    assert "| `cases/a` | `v1` | yes | yes | 1.50x |" in summary.read_text()
+
+
+def test_session_secret_seed_stays_out_of_the_terminal(fake_suite: pytest.Pytester):
+    result = _run(fake_suite, "--kcoral-json", "out.json")
+    seed = json.loads((fake_suite.path / "out.json").read_text())["seed"]
+    assert isinstance(seed, int)
+    assert str(seed) not in result.stdout.str() + result.stderr.str()
+
+
+def test_session_under_xdist_matches_serial_run(fake_suite: pytest.Pytester):
+    pytest.importorskip("xdist")
+    serial = _run(fake_suite, "--kcoral-json", "serial.json", "--kcoral-seed", "7")
+    parallel = _run(fake_suite, "--kcoral-json", "xdist.json", "--kcoral-seed", "7", "-n", "2",
+                    "-p", "no:benchmark")
+    parallel.stdout.fnmatch_lines(["*created: 2/2 workers*", "*= kcoral summary =*"])
+    assert parallel.ret == serial.ret == pytest.ExitCode.TESTS_FAILED
+    a = json.loads((fake_suite.path / "serial.json").read_text())
+    b = json.loads((fake_suite.path / "xdist.json").read_text())
+    for key in ("items", "candidates", "cases", "suite", "leaderboard", "weak_cases", "seed",
+                "collection_errors"):
+        assert a[key] == b[key], key
+    assert len(b["items"]) == 8
+
+
+def test_session_interrupted_writes_partial_json(pytester: pytest.Pytester):
+    pytester.makeconftest(FAKE_PIPELINE)
+    pytester.makepyfile(test_fake=FAKE_CASES + textwrap.dedent("""
+        def test_zz_interrupt():
+            raise KeyboardInterrupt
+    """))
+    result = pytester.runpytest("-p", "kcoral", "--kcoral-json", "out.json", no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert doc["partial"] is True and len(doc["items"]) == 8
+    result.stdout.fnmatch_lines(["PARTIAL: *"])
+
+
+def test_session_exitfirst_is_partial(fake_suite: pytest.Pytester):
+    _run(fake_suite, "--kcoral-json", "out.json", "-x")
+    doc = json.loads((fake_suite.path / "out.json").read_text())
+    assert doc["partial"] is True
+
+
+def test_session_compare_fails_on_regression(fake_suite: pytest.Pytester):
+    old = fake_suite.path / "old.json"
+    _run(fake_suite, "--kcoral-json", str(old), "-k", "not v2")
+    doc = json.loads(old.read_text())
+    for c in doc["candidates"]:
+        if c["candidate"] == "v1":
+            c["scored_speedup"] = 2.0  # the saved run was faster: 1.5x now is -25%
+    old.write_text(json.dumps(doc))
+    result = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2",
+                                  "--kcoral-compare", str(old), "--kcoral-compare-fail", "5%",
+                                  "--kcoral-json", "new.json")
+    result.assert_outcomes(passed=5)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "compared with *old.json (fail below -5%): 2 pairs, 1 regressed",
+        "  REGRESSION cases/a::v1: 2.00x -> 1.50x (-25.0%)",
+    ])
+    new = json.loads((fake_suite.path / "new.json").read_text())
+    assert [r["candidate"] for r in new["compare"]["regressions"]] == ["v1"]
+    # within the threshold: passes
+    ok = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2",
+                              "--kcoral-compare", str(old), "--kcoral-compare-fail", "30")
+    assert ok.ret == pytest.ExitCode.OK
+
+
+def test_session_compare_names_a_missing_file(fake_suite: pytest.Pytester):
+    result = fake_suite.runpytest("-p", "kcoral", "test_fake.py",
+                                  "--kcoral-compare", "missing.json", "--kcoral-compare-fail", "5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kcoral-compare: missing.json: no such file*"])

@@ -1,0 +1,357 @@
+"""Scores against hand-computed values (section 6 of the spec)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_kcoral import scoring
+from pytest_kcoral.results import ItemResult
+
+
+def item(case="cases/a", candidate="v1", split="seen", shape_id="n=1", *, speedup=None,
+         correct=True, compiled=True, baseline_correct=None, outcome=None, tier=1, team=None,
+         attempt=None, weak=None, stage=None) -> ItemResult:
+    if outcome is None:
+        outcome = "passed" if correct else "failed"
+    if stage is None:
+        stage = "done" if correct else ("correctness" if compiled else "compile")
+    return ItemResult(
+        nodeid=f"{case}::{candidate}[{split}-{shape_id}]", case=case, candidate=candidate,
+        split=split, shape={}, shape_id=shape_id, tier=tier, team=team, attempt=attempt,
+        stage=stage, outcome=outcome, compiled=compiled, correct=correct if compiled else None,
+        baseline_correct=baseline_correct, speedup=speedup, weak_reference=weak,
+    )
+
+
+# -- formulas ----------------------------------------------------------------------------------
+
+
+def test_mean_and_geomean():
+    assert scoring.mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+    assert scoring.geomean([1.0, 2.0, 4.0]) == pytest.approx(2.0)
+    assert scoring.geomean([0.5, 2.0]) == pytest.approx(1.0)
+    assert scoring.mean([]) is None
+    assert scoring.geomean([]) is None
+    assert scoring.geomean([0.0, 1.0]) is None
+
+
+@pytest.mark.parametrize(("compiled", "correct", "speedup", "expected"), [
+    (False, False, None, 0.0),
+    (False, True, 2.0, 0.0),  # cannot be correct without compiling: still 0
+    (True, False, None, 20.0),
+    (True, False, 3.0, 20.0),  # no speed credit when incorrect
+    (True, True, None, 120.0),  # correct, timed by different methods
+    (True, True, 1.5, 270.0),  # 20 + 100 + 150
+    (True, True, 0.5, 170.0),
+])
+def test_aka_score(compiled, correct, speedup, expected):
+    assert scoring.aka_score(compiled, correct, speedup) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("correct", "speedup", "expected"), [
+    (False, 3.0, 0.0),
+    (True, None, 0.0),
+    (True, 0.5, 30.0),  # 60 * 0.5
+    (True, 0.99, 59.4),
+    (True, 1.0, 60.0),
+    (True, 2.0, 70.0),  # 60 + 1/4*40
+    (True, 3.0, 80.0),
+    (True, 5.0, 100.0),
+    (True, 9.0, 100.0),  # capped at 5x
+])
+def test_bench_lite_score(correct, speedup, expected):
+    assert scoring.bench_lite_score(correct, speedup) == pytest.approx(expected)
+
+
+def test_tier_weights():
+    assert [scoring.tier_weight(t) for t in range(1, 6)] == [1.0, 1.5, 2.0, 2.5, 3.0]
+
+
+def test_generalization_gap():
+    assert scoring.generalization_gap(2.0, 1.5) == pytest.approx(0.25)
+    assert scoring.generalization_gap(2.0, 3.0) == pytest.approx(-0.5)
+    assert scoring.generalization_gap(2.0, None) is None
+    assert scoring.generalization_gap(None, 1.0) is None
+
+
+@pytest.mark.parametrize(("n", "c", "k", "expected"), [
+    (1, 1, 1, 1.0),
+    (1, 0, 1, 0.0),
+    (4, 1, 1, 0.25),  # 1 - C(3,1)/C(4,1) = 1 - 3/4
+    (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    (4, 2, 2, 5 / 6),  # 1 - C(2,2)/C(4,2) = 1 - 1/6
+    (4, 2, 3, 1.0),  # n - c < k
+    (3, 0, 2, 0.0),
+    (2, 1, 3, None),  # fewer attempts than k
+])
+def test_pass_at_k(n, c, k, expected):
+    got = scoring.pass_at_k(n, c, k)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+# -- one pair -------------------------------------------------------------------------------------
+
+
+def test_candidate_score_full():
+    items = [
+        item(shape_id="n=1", speedup=1.0),
+        item(shape_id="n=2", speedup=3.0),
+        item(split="unseen", shape_id="n=3", speedup=2.0, baseline_correct=True),
+        item(split="unseen", shape_id="n=4", speedup=0.5, baseline_correct=True),
+        # baseline wrong on this unseen shape: its speedup is left out
+        item(split="unseen", shape_id="n=5", speedup=9.0, baseline_correct=False),
+        item(split="unseen", shape_id="n=6", correct=False, baseline_correct=True),
+    ]
+    (s,) = scoring.score_candidates(items)
+    assert (s.case, s.candidate, s.tier) == ("cases/a", "v1", 1)
+    assert s.compiled and s.correct_seen and s.timed_alike
+    assert (s.seen_items, s.seen_correct_items) == (2, 2)
+    assert s.correct_unseen == {"n=3": True, "n=4": True, "n=5": True, "n=6": False}
+    assert s.mean_speedup_seen == pytest.approx(2.0)
+    assert s.geomean_speedup_seen == pytest.approx(math.sqrt(3.0))
+    assert s.mean_speedup_unseen == pytest.approx(1.25)
+    assert s.geomean_speedup_unseen == pytest.approx(1.0)
+    assert s.generalization_gap == pytest.approx((2.0 - 1.25) / 2.0)
+    assert s.aka_score == pytest.approx(320.0)  # 20 + 100 + 100*2
+    assert s.bench_lite == pytest.approx(70.0)
+    assert s.bench_lite_weighted == pytest.approx(70.0)
+    assert s.scored_speedup == pytest.approx(2.0)
+    assert s.failed_stages == {"correctness": 1}
+
+
+def test_candidate_tier_weighting():
+    (s,) = scoring.score_candidates([item(speedup=5.0, tier=3)])
+    assert s.bench_lite == pytest.approx(100.0)
+    assert s.bench_lite_weighted == pytest.approx(200.0)
+
+
+def test_candidate_no_unseen_shapes():
+    (s,) = scoring.score_candidates([item(speedup=2.0), item(shape_id="n=2", speedup=2.0)])
+    assert s.correct_unseen == {}
+    assert s.mean_speedup_unseen is None and s.geomean_speedup_unseen is None
+    assert s.generalization_gap is None
+
+
+def test_candidate_incorrect_on_one_seen_shape():
+    (s,) = scoring.score_candidates([item(speedup=4.0), item(shape_id="n=2", correct=False)])
+    assert s.compiled and not s.correct_seen
+    assert s.mean_speedup_seen == pytest.approx(4.0)  # shown, but earns nothing
+    assert s.scored_speedup is None
+    assert s.aka_score == pytest.approx(20.0)
+    assert s.bench_lite == 0.0 and s.bench_lite_weighted == 0.0
+
+
+def test_candidate_not_compiled():
+    (s,) = scoring.score_candidates([item(compiled=False, correct=False),
+                                     item(shape_id="n=2", compiled=False, correct=False)])
+    assert not s.compiled and not s.correct_seen
+    assert s.aka_score == 0.0 and s.bench_lite == 0.0
+    assert s.failed_stages == {"compile": 2}
+
+
+def test_candidate_timed_by_different_methods_earns_no_speed_credit():
+    # n=2 has no speedup (candidate timed by the host clock, baseline by CUPTI)
+    (s,) = scoring.score_candidates([item(speedup=3.0), item(shape_id="n=2", speedup=None)])
+    assert s.correct_seen and not s.timed_alike
+    assert s.mean_speedup_seen == pytest.approx(3.0)
+    assert s.scored_speedup is None
+    assert s.aka_score == pytest.approx(120.0)
+    assert s.bench_lite == 0.0
+
+
+def test_skipped_items_are_ignored_and_all_skipped_pairs_excluded():
+    items = [
+        item(speedup=2.0),
+        item(shape_id="big", outcome="skipped", correct=False, compiled=False),  # gpu_only on a CPU
+        item(candidate="v2", outcome="skipped", correct=False, compiled=False),
+        item(candidate="v2", shape_id="big", outcome="skipped", correct=False, compiled=False),
+    ]
+    scores = scoring.score(items)
+    assert [c.candidate for c in scores.candidates] == ["v1"]
+    (s,) = scores.candidates
+    assert s.compiled and s.correct_seen and s.seen_items == 1
+    assert scores.suite.pairs == 1 and scores.suite.compile_rate == 1.0
+
+
+def test_only_unseen_items_is_not_correct():
+    (s,) = scoring.score_candidates([item(split="unseen", speedup=2.0, baseline_correct=True)])
+    assert not s.correct_seen and s.seen_items == 0
+    assert s.aka_score == pytest.approx(20.0)
+    assert s.mean_speedup_unseen == pytest.approx(2.0)
+    assert s.generalization_gap is None
+
+
+# -- suite ------------------------------------------------------------------------------------------
+
+
+def suite_items():
+    return [
+        # v1: correct, 2.0x and 1.0x -> mean 1.5; bench-lite 65
+        item(candidate="v1", shape_id="n=1", speedup=2.0),
+        item(candidate="v1", shape_id="n=2", speedup=1.0),
+        item(candidate="v1", split="unseen", shape_id="n=3", speedup=1.2, baseline_correct=True),
+        # v2: correct, 0.5x; bench-lite 30; regressed on an unseen shape
+        item(candidate="v2", shape_id="n=1", speedup=0.5),
+        item(candidate="v2", shape_id="n=2", speedup=0.5),
+        item(candidate="v2", split="unseen", shape_id="n=3", correct=False, baseline_correct=True),
+        # v3: compiled, wrong
+        item(candidate="v3", shape_id="n=1", correct=False),
+        item(candidate="v3", shape_id="n=2", speedup=4.0),
+        item(candidate="v3", split="unseen", shape_id="n=3", speedup=1.0, baseline_correct=False),
+        # v4: does not compile
+        item(candidate="v4", shape_id="n=1", compiled=False, correct=False),
+        item(candidate="v4", shape_id="n=2", compiled=False, correct=False),
+        item(candidate="v4", split="unseen", shape_id="n=3", compiled=False, correct=False,
+             baseline_correct=False),
+        # another case, tier 2: w1 correct at 3.0x -> bench-lite 80, weighted 120
+        item(case="cases/b", candidate="w1", speedup=3.0, tier=2),
+    ]
+
+
+def test_suite_scores():
+    scores = scoring.score(suite_items())
+    suite = scores.suite
+    assert suite.pairs == 5
+    assert suite.compile_rate == pytest.approx(4 / 5)
+    assert suite.correctness_rate == pytest.approx(3 / 5)
+    # correct pairs' speedups: 1.5, 0.5, 3.0
+    assert suite.fast_p == pytest.approx({"0": 3 / 5, "1": 2 / 5, "1.5": 1 / 5, "2": 1 / 5})
+    assert suite.mean_speedup == pytest.approx(5.0 / 3)
+    assert suite.geomean_speedup == pytest.approx((1.5 * 0.5 * 3.0) ** (1 / 3))
+    # gaps: v1 (1.5-1.2)/1.5 = 0.2; v2 has no unseen speedup; v3's unseen baseline failed
+    assert suite.mean_generalization_gap == pytest.approx(0.2)
+    q = suite.quadrants
+    assert (q.both_pass, q.candidate_regressed, q.both_fail, q.candidate_improved) == (1, 1, 1, 1)
+    assert suite.conditional_correctness == pytest.approx(0.5)
+    assert suite.pass_at_k is None and suite.pass_at_k_by_team_case == []  # one attempt each
+    assert suite.bench_lite_total == pytest.approx(65 + 30 + 0 + 0 + 120)
+
+
+def test_suite_gap_counts_correct_pairs_only():
+    items = [
+        item(candidate="v1", speedup=2.0),
+        item(candidate="v1", split="unseen", shape_id="u", speedup=1.0, baseline_correct=True),
+        item(candidate="v2", speedup=4.0),
+        item(candidate="v2", shape_id="n=2", correct=False),
+        item(candidate="v2", split="unseen", shape_id="u", speedup=1.0, baseline_correct=True),
+    ]
+    scores = scoring.score(items)
+    assert [c.generalization_gap for c in scores.candidates] == pytest.approx([0.5, 0.75])
+    assert scores.suite.mean_generalization_gap == pytest.approx(0.5)
+
+
+def test_suite_nothing_correct():
+    suite = scoring.score([item(correct=False), item(candidate="v2", compiled=False, correct=False)]).suite
+    assert suite.pairs == 2
+    assert suite.compile_rate == pytest.approx(0.5)
+    assert suite.correctness_rate == 0.0
+    assert suite.fast_p == {"0": 0.0, "1": 0.0, "1.5": 0.0, "2": 0.0}
+    assert suite.mean_speedup is None and suite.geomean_speedup is None
+    assert suite.mean_generalization_gap is None
+    assert suite.conditional_correctness is None
+    assert suite.bench_lite_total == 0.0
+
+
+def test_suite_baseline_fails_on_every_unseen_shape():
+    items = [item(speedup=2.0),
+             item(split="unseen", shape_id="u1", speedup=5.0, baseline_correct=False),
+             item(split="unseen", shape_id="u2", correct=False, baseline_correct=False)]
+    scores = scoring.score(items)
+    (s,) = scores.candidates
+    assert s.mean_speedup_unseen is None and s.generalization_gap is None
+    q = scores.suite.quadrants
+    assert (q.both_pass, q.candidate_regressed, q.both_fail, q.candidate_improved) == (0, 0, 1, 1)
+    assert scores.suite.conditional_correctness is None  # undefined: no baseline passed
+    assert scores.cases[0].baseline_failed_shapes == ["u1", "u2"]
+
+
+def test_empty_input():
+    scores = scoring.score([])
+    assert scores.candidates == [] and scores.leaderboard == [] and scores.weak_cases == []
+    assert scores.cases == []
+    suite = scores.suite
+    assert suite.pairs == 0
+    assert suite.compile_rate is None and suite.correctness_rate is None
+    assert suite.fast_p == {"0": None, "1": None, "1.5": None, "2": None}
+    assert suite.bench_lite_total == 0.0 and suite.pass_at_k is None
+    assert suite.to_dict()["quadrants"]["both_pass"] == 0
+
+
+def test_pass_at_k_over_attempts():
+    def sub(team, case, attempt, ok):
+        return item(case=case, candidate=f"{team}/{attempt}", team=team, attempt=attempt,
+                    correct=ok, speedup=1.0 if ok else None)
+
+    items = [
+        # team-a, case a: 4 attempts, 1 correct; case b: 2 attempts, 2 correct
+        sub("team-a", "cases/a", "1", True), sub("team-a", "cases/a", "2", False),
+        sub("team-a", "cases/a", "3", False), sub("team-a", "cases/a", "4", False),
+        sub("team-a", "cases/b", "1", True), sub("team-a", "cases/b", "2", True),
+        # team-b, case a: one attempt, wrong
+        sub("team-b", "cases/a", "1", False),
+        item(candidate="bundled", speedup=1.0),  # team None: not part of pass@k
+    ]
+    suite = scoring.score(items).suite
+    rows = {(r["team"], r["case"]): r for r in suite.pass_at_k_by_team_case}
+    assert set(rows) == {("team-a", "cases/a"), ("team-a", "cases/b"), ("team-b", "cases/a")}
+    assert rows[("team-a", "cases/a")]["n"] == 4 and rows[("team-a", "cases/a")]["c"] == 1
+    assert rows[("team-a", "cases/a")]["pass_at_k"] == pytest.approx(
+        {"1": 0.25, "2": 0.5, "3": 0.75, "4": 1.0})
+    assert rows[("team-a", "cases/b")]["pass_at_k"] == pytest.approx({"1": 1.0, "2": 1.0})
+    assert rows[("team-b", "cases/a")]["pass_at_k"] == pytest.approx({"1": 0.0})
+    # k=1 averages three groups, k=2 two, k=3 and 4 one
+    assert suite.pass_at_k == pytest.approx({"1": (0.25 + 1 + 0) / 3, "2": 0.75, "3": 0.75, "4": 1.0})
+
+
+def test_leaderboard_ranks_teams_by_best_attempt():
+    items = [
+        # team-a: attempts 1.0x and 5.0x on case a -> best 100; case b 2.0x tier 2 -> 70*1.5 = 105
+        item(candidate="team-a/1", team="team-a", attempt="1", speedup=1.0),
+        item(candidate="team-a/2", team="team-a", attempt="2", speedup=5.0),
+        item(case="cases/b", candidate="team-a/1", team="team-a", attempt="1", speedup=2.0, tier=2),
+        # team-b: 3.0x on case a -> 80; wrong on case b
+        item(candidate="team-b", team="team-b", speedup=3.0),
+        item(case="cases/b", candidate="team-b", team="team-b", correct=False, tier=2),
+        # bundled: 3.0x on a -> 80; nothing on b
+        item(candidate="triton_v1", speedup=3.0),
+        item(candidate="triton_v0", correct=False),
+    ]
+    board = scoring.score(items).leaderboard
+    assert [(e.rank, e.team) for e in board] == [(1, "team-a"), (2, "team-b"), (2, None)]
+    a, b, bundled = board
+    assert a.bench_lite_total == pytest.approx(205.0)
+    assert (a.cases, a.cases_correct) == (2, 2)
+    assert a.mean_speedup == pytest.approx(3.5)
+    assert a.best == {"cases/a": "team-a/2", "cases/b": "team-a/1"}
+    assert b.bench_lite_total == pytest.approx(80.0) and (b.cases, b.cases_correct) == (2, 1)
+    assert bundled.bench_lite_total == pytest.approx(80.0) and (bundled.cases, bundled.cases_correct) == (1, 1)
+    assert bundled.best == {"cases/a": "triton_v1"}
+
+
+def test_weak_cases_and_case_summaries():
+    items = [
+        item(shape_id="n=1", speedup=1.0, weak=True),
+        item(shape_id="n=2", speedup=1.0, weak=False),
+        item(candidate="v2", shape_id="n=1", weak=True, correct=False),
+        item(split="unseen", shape_id="n=9", speedup=1.0, baseline_correct=True, weak=True),
+        item(case="cases/b", speedup=1.0, weak=None),
+        item(case="cases/c", shape_id="big", outcome="skipped", weak=True),  # skipped: not counted
+    ]
+    scores = scoring.score(items)
+    assert [w.to_dict() for w in scores.weak_cases] == [{"case": "cases/a", "shapes": ["n=1", "n=9"]}]
+    a, b = scores.cases
+    assert a.case == "cases/a" and a.seen_shapes == ["n=1", "n=2"] and a.unseen_shapes == ["n=9"]
+    assert (a.candidates, a.candidates_correct) == (2, 1)
+    assert a.weak_shapes == ["n=1", "n=9"]
+    assert b.case == "cases/b" and b.weak_shapes == []
+
+
+def test_to_dict_is_json_ready():
+    import json
+
+    scores = scoring.score(suite_items())
+    json.dumps([c.to_dict() for c in scores.candidates])
+    json.dumps(scores.suite.to_dict())
+    json.dumps([e.to_dict() for e in scores.leaderboard])
