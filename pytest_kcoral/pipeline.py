@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-from pytest_kcoral import compare
+from pytest_kcoral import correctness
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
 from pytest_kcoral.isolation import Child, ChildFailure
@@ -136,7 +136,7 @@ class LocalExecutor:
 
     def _run_stages(self, spec: ItemSpec, result: ItemResult, deadline: float) -> None:
         case, shape = spec.case, spec.shape
-        tol = compare.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
+        tol = correctness.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
         with contextlib.ExitStack() as stack:
             candidate = self._stage(
                 "compile",
@@ -184,7 +184,7 @@ class LocalExecutor:
             finally:
                 result.lease_held_ms = (time.monotonic() - t0) * 1000.0
 
-    def _reference_data(self, spec: ItemSpec, device: str, trusted: Callable[[], Child], tol: compare.Tolerance) -> ReferenceData:
+    def _reference_data(self, spec: ItemSpec, device: str, trusted: Callable[[], Child], tol: correctness.Tolerance) -> ReferenceData:
         case, shape = spec.case, spec.shape
         key = (case.content_hash, shape.split, shape.shape_id, self.settings.seed, device, self.settings.trials)
         cached = self._references.get(key)
@@ -199,13 +199,13 @@ class LocalExecutor:
         if case.has_baseline and case.format != KERNELBENCH:
             for t, (base, expected) in enumerate(zip(payload["baseline"], refs)):
                 if base is not None:
-                    baseline_problems += [f"trial {t + 1}: {p}" for p in compare.compare_outputs(base, expected, tol)]
+                    baseline_problems += [f"trial {t + 1}: {p}" for p in correctness.compare_outputs(base, expected, tol)]
         data = ReferenceData(
             inputs=payload["inputs"],
             reference=refs,
             baseline_correct=not baseline_problems,
             baseline_problems=baseline_problems,
-            weak=any(compare.is_weak_reference(r, tol) for r in refs),
+            weak=any(correctness.is_weak_reference(r, tol) for r in refs),
         )
         self._references[key] = data
         return data
@@ -220,7 +220,7 @@ class LocalExecutor:
             stage = "timing" if phase in ("baseline", "verify") else "correctness"
             raise StageFailed(stage, "the case itself failed (not the candidate): " + _describe_child_failure(stage, failure), phase) from None
 
-    def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: compare.Tolerance, result: ItemResult) -> None:
+    def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
         import torch
 
         poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
@@ -233,15 +233,15 @@ class LocalExecutor:
         for t in range(len(ref.inputs)):
             trial = [*header["findings"][t]]
             if not trial:
-                trial += compare.compare_outputs(outputs[t], ref.reference[t], tol)
-            trial += compare.compare_inputs(ref.inputs[t], payload["inputs_after"][t], spec.case.inplace)
+                trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
+            trial += correctness.compare_inputs(ref.inputs[t], payload["inputs_after"][t], spec.case.inplace)
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
-        if compare.ignores_inputs(outputs, ref.reference):
+        if correctness.ignores_inputs(outputs, ref.reference):
             problems.insert(0, "the output does not depend on the inputs: every input set gave the same output, the reference's differ")
         if problems:
             raise StageFailed("correctness", _one_screen(problems), "correctness")
 
-    def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, tol: compare.Tolerance, result: ItemResult) -> None:
+    def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
         budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
         common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget, timer=self.settings.timer)
         # baseline first, then the candidate, back to back on the same device under one lease
@@ -268,7 +268,7 @@ class LocalExecutor:
                     "timing",
                 )
 
-    def _verify_timed_outputs(self, trusted: Callable[[], Child], verify: list[dict], spec: ItemSpec, device: str, tol: compare.Tolerance) -> None:
+    def _verify_timed_outputs(self, trusted: Callable[[], Child], verify: list[dict], spec: ItemSpec, device: str, tol: correctness.Tolerance) -> None:
         """The outputs of timed calls must be right too: no computing only while watched."""
         if not verify:
             return
@@ -276,7 +276,7 @@ class LocalExecutor:
         _, payload = self._trusted_call(trusted, "reference", "verify", shape=spec.shape.params, seeds=seeds, device=device, baseline=False)
         problems = []
         for n, (entry, expected) in enumerate(zip(verify, payload["reference"])):
-            problems += [f"timed call {n + 1}: {p}" for p in compare.compare_outputs(entry["outputs"], expected, tol)]
+            problems += [f"timed call {n + 1}: {p}" for p in correctness.compare_outputs(entry["outputs"], expected, tol)]
         if problems:
             raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify")
 

@@ -40,6 +40,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[settings_key] = Settings.from_config(config, seed=seed)
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    from pytest_kcoral.session import KcoralSession
+
+    # scores and reports: written once, by the controller (the session object idles on workers)
+    config.pluginmanager.register(KcoralSession(config), "kcoral-session")
 
 
 @pytest.hookimpl(optionalhook=True)
