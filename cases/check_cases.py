@@ -40,6 +40,7 @@ SEEN_ONLY = {
     "row_softmax": {"triton_pad_zero"},
     "layer_norm": {"triton_unmasked_var"},
     "matmul": {"triton_no_k_tail"},
+    "kernelbench_gelu_linear": {"triton_tiled_unmasked"},
 }
 
 # SPEC section 2 defaults by output dtype: (atol, rtol).
@@ -346,13 +347,16 @@ def main() -> int:
 
     print()
     width = max((len(r.shape.label) for r in all_rows), default=5)
-    columns = f"{'case':<24} {'candidate':<20} {'split':<6} {'shape':<{width}}"
+    cand_width = max((len(r.candidate) for r in all_rows), default=9)
+    columns = f"{'case':<24} {'candidate':<{cand_width}} {'split':<6} {'shape':<{width}}"
     header = f"{columns} {'result':<6} {'call ms':>8}  detail"
     print(header)
     print("-" * len(header))
     for r in all_rows:
         ms = f"{r.call_ms:8.1f}" if r.status != "skip" else " " * 8
-        columns = f"{r.case:<24} {r.candidate:<20} {r.shape.split:<6} {r.shape.label:<{width}}"
+        columns = (
+            f"{r.case:<24} {r.candidate:<{cand_width}} {r.shape.split:<6} {r.shape.label:<{width}}"
+        )
         print(f"{columns} {r.status:<6} {ms}  {r.detail}".rstrip())
 
     counted = [r for r in all_rows if r.status != "skip"]
