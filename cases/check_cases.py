@@ -1,7 +1,8 @@
 """Check the bundled cases without the plugin: every candidate against every CPU-sized shape.
 
 Run ``python cases/check_cases.py``. Triton kernels run on the CPU through the interpreter, so
-shapes marked ``gpu_only`` are skipped. For each case (native ``case.py``, KCoral ``bench.json``
+shapes marked ``gpu_only`` are skipped. On a machine with a GPU, ``--device cuda`` runs everything
+compiled on the GPU instead, ``gpu_only`` shapes included. For each case (native ``case.py``, KCoral ``bench.json``
 folder, KernelBench ``case.py``) and each candidate, the inputs come from ``torch.manual_seed(0)``;
 outputs are compared with the reference by ``torch.allclose`` at the case's tolerances (SPEC
 defaults by dtype when the case declares none), and inputs must come back unchanged.
@@ -15,13 +16,28 @@ imports candidates into its own process.
 from __future__ import annotations
 
 import os
+import sys
+
+
+def _device_from_argv() -> str:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Check every bundled case and candidate")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="Where to run: cpu (the Triton interpreter, gpu_only shapes skipped) or cuda",
+    )
+    return parser.parse_known_args()[0].device
+
+
+DEVICE = _device_from_argv()
 
 # Must be set before triton is imported anywhere, or kernels try to compile for a GPU.
-os.environ["TRITON_INTERPRET"] = "1"
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -207,14 +223,16 @@ def run_native(case: Case, shape: Shape, fn: Callable[..., Any]) -> tuple[Any, A
     module = case.module
     torch.manual_seed(0)
     if case.format == "kcoral":
-        torch.set_default_device("cpu")  # what the harness does with the item's device
+        torch.set_default_device(DEVICE)  # what the harness does with the item's device
         inputs = tuple(module.make_inputs(dict(shape.params)))
     else:
-        inputs = tuple(module.make_inputs(dict(shape.params), "cpu"))
+        inputs = tuple(module.make_inputs(dict(shape.params), DEVICE))
     originals = [x.clone() for x in inputs]
     ref = module.reference(*inputs)
     start = time.perf_counter()
     out = fn(*inputs)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
     call_ms = (time.perf_counter() - start) * 1e3
     changed = [i for i, (x, x0) in enumerate(zip(inputs, originals)) if not torch.equal(x, x0)]
     return ref, out, call_ms, f"modified inputs {changed}" if changed else ""
@@ -228,11 +246,11 @@ def run_kernelbench(case: Case, shape: Shape, candidate: ModuleType) -> tuple[An
             setattr(module, k, v)
         init_inputs = module.get_init_inputs()
         torch.manual_seed(0)
-        model = module.Model(*init_inputs)
+        model = module.Model(*init_inputs).to(DEVICE)
         torch.manual_seed(0)
-        model_new = candidate.ModelNew(*init_inputs)
+        model_new = candidate.ModelNew(*init_inputs).to(DEVICE)
         torch.manual_seed(0)
-        inputs = tuple(module.get_inputs())
+        inputs = tuple(x.to(DEVICE) for x in module.get_inputs())
     finally:
         for k, v in saved.items():
             setattr(module, k, v)
@@ -241,6 +259,8 @@ def run_kernelbench(case: Case, shape: Shape, candidate: ModuleType) -> tuple[An
         ref = model(*inputs)
         start = time.perf_counter()
         out = model_new(*inputs)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
         call_ms = (time.perf_counter() - start) * 1e3
     changed = [i for i, (x, x0) in enumerate(zip(inputs, originals)) if not torch.equal(x, x0)]
     return ref, out, call_ms, f"modified inputs {changed}" if changed else ""
@@ -259,7 +279,7 @@ def check_case(case: Case) -> tuple[list[Row], list[str]]:
 
     for cand_name, runner in runners.items():
         for shape in case.shapes:
-            if shape.gpu_only:
+            if shape.gpu_only and DEVICE == "cpu":
                 rows.append(Row(case.name, cand_name, shape, "skip", detail="gpu_only"))
                 continue
             try:
@@ -342,7 +362,7 @@ def main() -> int:
         all_rows += rows
         extra = f", {', '.join(case.notes)}" if case.notes else ""
         print(f"== {case.name} ({case.format}{extra}): {len(case.candidates)} candidates, "
-              f"{sum(not s.gpu_only for s in case.shapes)} CPU shapes, "
+              f"{sum(not s.gpu_only for s in case.shapes)} CPU-sized shapes, "
               f"{sum(s.gpu_only for s in case.shapes)} gpu_only, {case_seconds[case.name]:.1f} s")
 
     print()
