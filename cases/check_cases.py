@@ -2,10 +2,12 @@
 
 Run ``python cases/check_cases.py``. Triton kernels run on the CPU through the interpreter, so
 shapes marked ``gpu_only`` are skipped. On a machine with a GPU, ``--device cuda`` runs everything
-compiled on the GPU instead, ``gpu_only`` shapes included. For each case (native ``case.py``, KCoral ``bench.json``
-folder, KernelBench ``case.py``) and each candidate, the inputs come from ``torch.manual_seed(0)``;
-outputs are compared with the reference by ``torch.allclose`` at the case's tolerances (SPEC
-defaults by dtype when the case declares none), and inputs must come back unchanged.
+compiled on the GPU instead, ``gpu_only`` shapes included.
+
+For each case (native ``case.py``, KCoral ``bench.json`` folder, KernelBench ``case.py``) and each
+candidate, the inputs come from ``torch.manual_seed(0)``; outputs are compared with the reference
+by ``torch.allclose`` at the case's tolerances (SPEC defaults by dtype when the case declares
+none), and inputs must come back unchanged.
 
 Exit status is non-zero when an honest candidate (or a case's own baseline) fails any shape, when
 a seen-only candidate fails a seen shape or fails no unseen shape, or when a reference output is
