@@ -225,8 +225,8 @@ def run_native(case: Case, shape: Shape, fn: Callable[..., Any]) -> tuple[Any, A
     module = case.module
     torch.manual_seed(0)
     if case.format == "kcoral":
-        torch.set_default_device(DEVICE)  # what the harness does with the item's device
-        inputs = tuple(module.make_inputs(dict(shape.params)))
+        with torch.device(DEVICE):  # what the harness does with the item's device
+            inputs = tuple(module.make_inputs(dict(shape.params)))
     else:
         inputs = tuple(module.make_inputs(dict(shape.params), DEVICE))
     originals = [x.clone() for x in inputs]
@@ -274,7 +274,7 @@ def check_case(case: Case) -> tuple[list[Row], list[str]]:
     weak_errors: list[str] = []
     weak_checked: set[tuple[str, str]] = set()
     runners: dict[str, Any] = {}
-    if case.format == "native" and hasattr(case.module, "baseline"):
+    if case.format != "kernelbench" and hasattr(case.module, "baseline"):
         runners["(baseline)"] = case.module.baseline
     for cand_name, path in case.candidates.items():
         runners[cand_name] = import_file(path, f"_check_{case.name}_cand_{cand_name}")
