@@ -1,8 +1,8 @@
-"""Row softmax: ``softmax(x, dim=-1)`` over the last dimension of a 2-D fp32 ``(rows, cols)``.
+"""Row softmax: ``softmax(x, dim=-1)`` over the last dim of a 2-D fp32 tensor ``(rows, cols)``.
 
 The seen column counts are powers of two, the unseen ones are not, so a kernel whose padding lanes
 leak into the row max or the row sum fails there. The baseline is the textbook max/exp/sum formula
-in plain PyTorch (three kernels and two temporaries), not ``torch.softmax`` itself, so speedups
+in plain PyTorch (five kernels and three temporaries), not ``torch.softmax`` itself, so speedups
 are measured kernel against kernel.
 """
 
