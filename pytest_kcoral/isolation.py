@@ -68,14 +68,29 @@ class _TemplateProcess(mp_context.ForkServerProcess):
         return _TemplatePopen(process_obj)
 
 
-def _ensure_template() -> None:
-    """Start the template (one per pytest process) preloaded with what every child imports."""
+def _ensure_template(env: dict[str, str]) -> None:
+    """Start the template (one per pytest process) preloaded with what every child imports.
+
+    The template starts with the children's environment: Triton reads ``TRITON_INTERPRET`` when
+    it is imported (its own library functions are jitted then), so the CPU interpreter must be
+    chosen before the preload, not in the child.
+    """
     global _template_ready
     with _template_lock:
-        if not _template_ready:
+        if _template_ready:
+            return
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
             multiprocessing.forkserver.set_forkserver_preload(TEMPLATE_PRELOAD)
             multiprocessing.forkserver.ensure_running()
-            _template_ready = True
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        _template_ready = True
 
 
 class ChildFailure(Exception):
@@ -132,7 +147,7 @@ class Child:
         self.deadline = deadline
         self.phase = "startup"
         self.workdir = tempfile.mkdtemp(prefix=f"kcoral-{role}-")
-        _ensure_template()
+        _ensure_template(env)
         self.conn, child_conn = multiprocessing.Pipe(duplex=True)
         out_r, out_w = os.pipe()
         out_w_conn = Connection(out_w, readable=False)
