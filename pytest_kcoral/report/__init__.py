@@ -6,7 +6,10 @@ from __future__ import annotations
 
 
 def fmt_speedup(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+    if value is None:
+        return "-"
+    # interpreter runs on a CPU give speedups far below 0.01x: keep two significant digits there
+    return f"{value:.2f}x" if value >= 0.01 else f"{value:.2g}x"
 
 
 def fmt_pct(value: float | None, digits: int = 0) -> str:
