@@ -1,0 +1,114 @@
+"""Isolation: every candidate in a fresh child with a private directory; crashes, exits, hangs and
+floods fail only their own item, naming the phase; the reference never shares a process with a
+candidate."""
+
+from __future__ import annotations
+
+import json
+import time
+
+GOOD = "def run(a, b):\n    return a + b\n"
+
+
+def test_segfault_fails_only_its_item_and_names_the_phase(make_case, run_kcoral):
+    crash = "import os, signal\ndef run(a, b):\n    print('about to crash')\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+    make_case("cases/add", candidates={"crash": crash, "good": GOOD})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: crashed with SIGSEGV in phase 'correctness'*", "*about to crash*"])
+
+
+def test_os_exit_zero_is_not_a_pass(make_case, run_kcoral):
+    make_case("cases/add", candidates={"quit": "import os\ndef run(a, b):\n    os._exit(0)\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*exited with status 0 in phase 'correctness' before replying*"])
+
+
+def test_sys_exit_at_import_fails_compile(make_case, run_kcoral):
+    make_case("cases/add", candidates={"quit": "import sys\nsys.exit(0)\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': SystemExit: called sys.exit(0)*"])
+
+
+def test_hang_times_out_naming_the_phase_and_the_next_item_runs(make_case, run_kcoral):
+    hang = "import time\ndef run(a, b):\n    while True:\n        time.sleep(0.1)\n"
+    make_case("cases/add", candidates={"hang": hang, "z_good": GOOD})
+    started = time.monotonic()
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "3", "-m", "seen")
+    elapsed = time.monotonic() - started
+    result.assert_outcomes(passed=1, failed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*timed out in phase 'correctness' (item timeout reached)*"])
+    assert elapsed < 20, f"the hung child was not killed promptly ({elapsed:.1f} s)"
+
+
+def test_hang_at_import_is_killed_in_the_import_phase(make_case, run_kcoral):
+    make_case("cases/add", candidates={"hang": "import time\nwhile True:\n    time.sleep(0.1)\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "2", "-m", "seen")
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': timed out in phase 'import'*"])
+
+
+def test_output_flood_is_drained_and_truncated(make_case, run_kcoral):
+    flood = "import sys\nfor i in range(200000):\n    print('spam line', i)\ndef run(a, b):\n    raise RuntimeError('after the flood')\n"
+    make_case("cases/add", candidates={"flood": flood, "good": GOOD})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(passed=1, failed=1, deselected=2)
+    out = result.stdout.str()
+    assert "RuntimeError: after the flood" in out
+    assert "spam line 0" not in out  # the head is kept, but the report shows only the last lines
+    assert len(out) < 200_000
+
+
+def test_private_working_directory_removed_and_not_importable(make_case, run_kcoral, pytester):
+    log = pytester.path / "cwd_log.jsonl"
+    spy = (
+        "import json, os, sys\n"
+        "open('torch.py', 'w').write('raise SystemExit(3)')  # try to shadow a module\n"
+        f"with open({str(log)!r}, 'a') as f:\n"
+        "    f.write(json.dumps({'cwd': os.getcwd(), 'path': sys.path, 'pid': os.getpid()}) + '\\n')\n"
+        "def run(a, b):\n    return a + b\n"
+    )
+    make_case("cases/add", candidates={"spy": spy})
+    run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=2)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 2
+    assert records[0]["cwd"] != records[1]["cwd"], "each item gets its own directory"
+    assert records[0]["pid"] != records[1]["pid"], "each item gets a fresh process"
+    for rec in records:
+        assert rec["cwd"] != str(pytester.path)
+        assert rec["cwd"] not in rec["path"] and "" not in rec["path"] and "." not in rec["path"]
+        assert not __import__("os").path.exists(rec["cwd"]), "the private directory is removed"
+
+
+def test_reference_and_baseline_never_share_a_process_with_a_candidate(make_case, run_kcoral, pytester):
+    pids = pytester.path / "pids.jsonl"
+    case = f"""
+import json, os, sys, torch
+SEEN = [{{"n": 64}}]
+UNSEEN = [{{"n": 65}}]
+
+def _log(role):
+    with open({str(pids)!r}, "a") as f:
+        f.write(json.dumps({{"role": role, "pid": os.getpid(), "candidate_loaded": "kcoral_candidate" in sys.modules}}) + "\\n")
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    _log("reference")
+    return a + b
+
+def baseline(a, b):
+    _log("baseline")
+    return a + b
+"""
+    cand = f"import json, os\ndef run(a, b):\n    with open({str(pids)!r}, 'a') as f:\n        f.write(json.dumps({{'role': 'candidate', 'pid': os.getpid()}}) + '\\n')\n    return a + b\n"
+    make_case("cases/add", case, {"c1": cand, "c2": cand})
+    run_kcoral().assert_outcomes(passed=4)
+    records = [json.loads(line) for line in pids.read_text().splitlines()]
+    trusted = {r["pid"] for r in records if r["role"] in ("reference", "baseline")}
+    candidates = {r["pid"] for r in records if r["role"] == "candidate"}
+    assert trusted and candidates and not trusted & candidates
+    assert len(candidates) == 4, "one fresh candidate process per item"
+    assert not any(r.get("candidate_loaded") for r in records if r["role"] != "candidate")
