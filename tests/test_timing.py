@@ -219,3 +219,68 @@ def test_cupti_import_failure_is_a_clear_error() -> None:
         assert "pytest-kcoral[gpu]" in str(exc)
     else:
         pytest.skip("cupti-python imports on this machine")
+
+
+def test_cupti_records_are_attributed_by_their_window() -> None:
+    from pytest_kcoral.timing.cupti_timer import attribute
+
+    windows = [(100, 200), (300, 400)]
+    raw = [
+        (110, 150, 0, "k1"), (160, 190, 0, "k2"),  # window 0: span 80 ns, busy 70 ns
+        (250, 260, 0, "flush"),  # between windows: the harness's own work
+        (310, 330, 1, "memcpy:1"),  # window 1
+        (50, 60, 0, "before"),
+    ]
+    w0, w1 = attribute(windows, raw)
+    assert (w0.records, w0.span_us, w0.busy_us) == (2, 0.08, 0.07)
+    assert dict(w0.work) == {"k1": 1, "k2": 1}
+    assert (w1.records, w1.span_us) == (1, 0.02)
+
+
+class FakeGpuTimer:
+    """Stands in for CUPTI, which this machine cannot have: a GPU span per call that we choose."""
+
+    method = "cupti"
+    sync_before_window = False
+
+    def __init__(self, span_us: float, kernel: str = "k") -> None:
+        from pytest_kcoral.timing.cupti_timer import WindowRecords
+
+        self._make = lambda: WindowRecords(span_us=span_us, busy_us=span_us, records=1,
+                                           work=__import__("collections").Counter({kernel: 1}))
+        self.windows: list = []
+
+    def start(self) -> None: ...
+    def open_window(self) -> None: ...
+    def close_window(self, token: object) -> None:
+        self.windows.append(self._make())
+    def interim(self) -> list:
+        return self.windows
+    def stop(self) -> list:
+        return self.windows
+    def stop_quietly(self) -> None: ...
+
+
+def _sample_with(timer: FakeGpuTimer, call, **kw):
+    from pytest_kcoral.timing import _sample
+
+    loop = dict(call=call, n_sets=1, refresh=None, on_output=None, warmup_s=0.01, budget_s=0.2,
+                min_samples=5, max_samples=1000, rse_target=0.005, host_slack_us=100.0)
+    loop.update(kw)
+    return _sample(timer, sync=None, flusher=None, flags=[], **loop)
+
+
+def test_host_work_far_above_the_gpu_span_is_timed_by_the_host_clock() -> None:
+    result = _sample_with(FakeGpuTimer(span_us=5.0), lambda i: busy_wait(0.003))
+    assert result.method == "cupti"
+    assert result.host_bound is True
+    assert result.median_us >= 2900
+    assert any(f.startswith("host_bound") for f in result.flags)
+    assert result.busy_us == 5.0 and result.records == 1 and result.same_work_every_call is True
+
+
+def test_launch_overhead_does_not_make_a_call_host_bound() -> None:
+    # A 2 us kernel whose launch costs ~40 us of Python: honest, not host-bound.
+    result = _sample_with(FakeGpuTimer(span_us=2.0), lambda i: busy_wait(0.00004))
+    assert result.host_bound is False, result.flags
+    assert result.median_us == 2.0

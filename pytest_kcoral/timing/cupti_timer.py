@@ -103,6 +103,7 @@ class CuptiTimer:
         self._raw: list[tuple[int, int, int, str]] = []
         self._windows: list[tuple[int, int]] = []
         self._enabled: list[Any] = []
+        self.callback_error: str | None = None
 
     # CUPTI calls these from its own thread; list.append is atomic under the GIL.
     def _buffer_requested(self) -> tuple[int, int]:
@@ -110,17 +111,20 @@ class CuptiTimer:
 
     def _buffer_completed(self, activities: Any) -> None:
         raw = self._raw
-        for a in activities:
-            kind = int(a.kind)
-            if kind == self._kernel_kind:
-                name = str(a.name)
-            elif kind == self._memcpy_kind:
-                name = f"memcpy:{int(a.copy_kind)}"
-            elif kind == self._memset_kind:
-                name = "memset"
-            else:
-                continue
-            raw.append((int(a.start), int(a.end), kind, name))
+        try:
+            for a in activities:
+                kind = int(a.kind)
+                if kind == self._kernel_kind:
+                    name = str(a.name)
+                elif kind == self._memcpy_kind:
+                    name = f"memcpy:{int(a.copy_kind)}"
+                elif kind == self._memset_kind:
+                    name = "memset"
+                else:
+                    continue
+                raw.append((int(a.start), int(a.end), kind, name))
+        except Exception as exc:  # noqa: BLE001 - an exception must not escape into CUPTI's thread
+            self.callback_error = f"{type(exc).__name__}: {exc}"
 
     def start(self) -> None:
         """Register callbacks and enable collection; raises CuptiUnavailable when CUPTI refuses."""
@@ -156,7 +160,8 @@ class CuptiTimer:
         finally:
             self.stop_quietly()
         if not self._raw:
-            raise CuptiUnavailable("CUPTI delivered no activity records (another profiler may own it)")
+            why = f": {self.callback_error}" if self.callback_error else " (another profiler may own it)"
+            raise CuptiUnavailable(f"CUPTI delivered no activity records{why}")
         return attribute(self._windows, self._raw)
 
     def stop_quietly(self) -> None:

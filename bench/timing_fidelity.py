@@ -1,0 +1,282 @@
+"""How close pytest-kcoral's timer comes to Nsight Compute, beside the usual alternatives.
+
+Times kernels from about 1 us to 10 ms (elementwise adds over a range of sizes, a Triton add,
+matmuls, a multi-kernel PyTorch function) with:
+
+- ``kcoral``        pytest-kcoral's default timer (CUPTI span; read-flushed L2, fresh input sets)
+- ``kcoral-events`` pytest-kcoral's events fallback (``method="events"``)
+- ``events``        plain CUDA events around each call, L2 read-flushed before each
+- ``do_bench``      ``triton.testing.do_bench(fn, return_mode="median")`` (flushes with ``zero_``)
+- ``ncu``           Nsight Compute ``gpu__time_duration.sum`` summed over the call's kernels,
+                    ``--clock-control none --cache-control all``
+
+and prints each method's ratio to Nsight Compute. Target for ``kcoral``: within 5% of ncu for
+every case of 20 us or more, within 1.5 us for shorter ones.
+
+    python bench/timing_fidelity.py [--json results.json] [--budget 0.5] [--no-ncu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable
+
+import torch
+
+NCU_CALLS = 5  # profiled calls per case under ncu
+_MARKER_CYCLES = 1000  # torch.cuda._sleep: its spin_kernel brackets each case under ncu
+
+
+def _add_case(n: int) -> Callable[[], tuple[list[tuple], Callable]]:
+    def setup():
+        sets = [(torch.randn(n, device="cuda"), torch.randn(n, device="cuda"),
+                 torch.empty(n, device="cuda")) for _ in range(3)]
+        return sets, lambda a, b, out: torch.add(a, b, out=out)
+    return setup
+
+
+def _triton_add_case(n: int):
+    def setup():
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def add_kernel(a_ptr, b_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n_elements
+            tl.store(out_ptr + offs, tl.load(a_ptr + offs, mask=mask) + tl.load(b_ptr + offs, mask=mask),
+                     mask=mask)
+
+        def fn(a, b, out):
+            add_kernel[(triton.cdiv(n, 1024),)](a, b, out, n, BLOCK=1024)
+            return out
+
+        sets = [(torch.randn(n, device="cuda"), torch.randn(n, device="cuda"),
+                 torch.empty(n, device="cuda")) for _ in range(3)]
+        return sets, fn
+    return setup
+
+
+def _matmul_case(m: int, dtype: torch.dtype):
+    def setup():
+        sets = [(torch.randn(m, m, device="cuda", dtype=dtype), torch.randn(m, m, device="cuda", dtype=dtype),
+                 torch.empty(m, m, device="cuda", dtype=dtype)) for _ in range(3)]
+        return sets, lambda a, b, out: torch.mm(a, b, out=out)
+    return setup
+
+
+def _multi_kernel_case(rows: int, cols: int):
+    def setup():
+        sets = [(torch.randn(rows, cols, device="cuda"),) for _ in range(3)]
+
+        def fn(x):
+            y = torch.softmax(x, dim=-1)
+            z = y * 2.0 + x
+            return z.sum(dim=0)
+        return sets, fn
+    return setup
+
+
+CASES: list[tuple[str, Callable]] = [
+    ("add fp32 n=2^10", _add_case(1 << 10)),
+    ("add fp32 n=2^16", _add_case(1 << 16)),
+    ("add fp32 n=2^20", _add_case(1 << 20)),
+    ("add fp32 n=2^22", _add_case(1 << 22)),
+    ("add fp32 n=2^24", _add_case(1 << 24)),
+    ("add fp32 n=2^26", _add_case(1 << 26)),
+    ("triton add n=2^22", _triton_add_case(1 << 22)),
+    ("mm bf16 4096", _matmul_case(4096, torch.bfloat16)),
+    ("mm fp32 6144", _matmul_case(6144, torch.float32)),
+    ("softmax*2+x, sum 4096x4096", _multi_kernel_case(4096, 4096)),
+]
+
+
+def ncu_child(names_path: str) -> None:
+    """Run under ncu: per case, set up and warm up, then NCU_CALLS calls between two markers."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name, setup in CASES:
+        sets, fn = setup()
+        fn(*sets[0])
+        torch.cuda.synchronize()
+        torch.cuda._sleep(_MARKER_CYCLES)
+        for _ in range(NCU_CALLS):
+            fn(*sets[0])
+        torch.cuda._sleep(_MARKER_CYCLES)
+        torch.cuda.synchronize()
+        del sets
+    with open(names_path, "w") as f:
+        json.dump([name for name, _ in CASES], f)
+
+
+def run_ncu() -> tuple[dict[str, float], str]:
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        raise RuntimeError("ncu not found on PATH")
+    tmp = tempfile.mkdtemp(prefix="kcoral-ncu-")
+    log = os.path.join(tmp, "ncu.csv")
+    names_path = os.path.join(tmp, "names.json")
+    cmd = [ncu, "--clock-control", "none", "--cache-control", "all",
+           "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
+           "--log-file", log, sys.executable, os.path.abspath(__file__), "--ncu-child", names_path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ncu failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    with open(names_path) as f:
+        names = json.load(f)
+    with open(log) as f:
+        text = "".join(line for line in f if line.startswith('"'))
+    rows = list(csv.DictReader(io.StringIO(text)))
+    rows = [r for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
+    per_case: dict[str, float] = {}
+    inside = False
+    acc: list[float] = []
+    case_index = 0
+    for r in rows:
+        kernel = r["Kernel Name"]
+        if "spin_kernel" in kernel:
+            if inside:
+                per_case[names[case_index]] = sum(acc) / NCU_CALLS / 1e3  # ns -> us per call
+                case_index += 1
+                acc = []
+            inside = not inside
+            continue
+        if inside:
+            unit = r.get("Metric Unit", "nsecond")
+            value = float(r["Metric Value"].replace(",", ""))
+            scale = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
+                     "second": 1e9, "s": 1e9}.get(unit, 1.0)
+            acc.append(value * scale)
+    return per_case, " ".join(cmd[:-3] + ["python", "bench/timing_fidelity.py", "--ncu-child", "NAMES"])
+
+
+def events_around_each_call(fn: Callable, args: tuple, reps: int = 50) -> float:
+    from pytest_kcoral.timing.l2 import L2Flusher
+
+    flusher = L2Flusher(torch, torch.device("cuda"))
+    times = []
+    for _ in range(5):
+        fn(*args)
+    for _ in range(reps):
+        flusher()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ncu-child", metavar="NAMES_JSON")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--budget", type=float, default=0.5, help="kcoral timing budget per case (s)")
+    parser.add_argument("--no-ncu", action="store_true")
+    args = parser.parse_args()
+    if args.ncu_child:
+        ncu_child(args.ncu_child)
+        return 0
+
+    from pytest_kcoral import timing
+
+    timing.prepare("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    import triton
+    import triton.testing
+
+    env: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        from importlib.metadata import version
+
+        env["cupti-python"] = version("cupti-python")
+    except Exception:  # noqa: BLE001
+        env["cupti-python"] = None
+    try:
+        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip()
+        env["ncu"] = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    except Exception:  # noqa: BLE001
+        pass
+    print("environment:", json.dumps(env), flush=True)
+
+    results: list[dict[str, Any]] = []
+    for name, setup in CASES:
+        sets, fn = setup()
+
+        def call(i: int, fn=fn, sets=sets):
+            return fn(*sets[i])
+
+        row: dict[str, Any] = {"case": name}
+        k = timing.measure(call, n_sets=len(sets), device="cuda", budget_s=args.budget)
+        row.update(kcoral=k.median_us, kcoral_method=k.method, kcoral_busy=k.busy_us,
+                   kcoral_records=k.records, kcoral_n=k.n, kcoral_rse=k.rse,
+                   kcoral_host=k.host_median_us, kcoral_flags=[f for f in k.flags if not f.startswith("l2_flush")])
+        e = timing.measure(call, n_sets=len(sets), device="cuda", method="events", budget_s=args.budget)
+        row["kcoral_events"] = e.median_us
+        row["events"] = events_around_each_call(fn, sets[0])
+        row["do_bench"] = triton.testing.do_bench(lambda: fn(*sets[0]), return_mode="median") * 1e3
+        results.append(row)
+        print(f"{name:28s} kcoral {k.median_us:10.2f} us ({k.method}, n={k.n}, rse={k.rse:.4f}, "
+              f"busy {k.busy_us}, records {k.records})  kcoral-events {e.median_us:10.2f}  "
+              f"events {row['events']:10.2f}  do_bench {row['do_bench']:10.2f}", flush=True)
+        del sets, fn, call
+        torch.cuda.empty_cache()
+
+    ncu_cmd = None
+    if not args.no_ncu:
+        try:
+            ncu_us, ncu_cmd = run_ncu()
+        except Exception as exc:  # noqa: BLE001
+            print(f"ncu: {exc}", flush=True)
+            ncu_us = {}
+        for row in results:
+            row["ncu"] = ncu_us.get(row["case"])
+
+    methods = ["kcoral", "kcoral_events", "events", "do_bench"]
+    header = f"| case | ncu us | " + " | ".join(f"{m} us (x ncu)" for m in methods) + " | kcoral target |"
+    lines = [header, "|" + "---|" * (len(methods) + 3)]
+    failures = 0
+    for row in results:
+        ncu = row.get("ncu")
+        cells = []
+        for m in methods:
+            v = row[m]
+            cells.append(f"{v:.2f} ({v / ncu:.3f})" if ncu else f"{v:.2f}")
+        verdict = "n/a"
+        if ncu:
+            ok = abs(row["kcoral"] / ncu - 1) <= 0.05 if ncu >= 20 else abs(row["kcoral"] - ncu) <= 1.5
+            verdict = "pass" if ok else "FAIL"
+            failures += not ok
+        lines.append(f"| {row['case']} | {ncu:.2f} | " if ncu else f"| {row['case']} | - | ")
+        lines[-1] += " | ".join(cells) + f" | {verdict} |"
+    table = "\n".join(lines)
+    print("\n" + table, flush=True)
+    if ncu_cmd:
+        print("\nncu command:", ncu_cmd)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "results": results, "ncu_command": ncu_cmd, "table": table}, f,
+                      indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
