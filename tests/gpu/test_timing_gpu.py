@@ -116,16 +116,14 @@ def test_host_compute_plus_copy_is_not_credited_with_the_copy_time(method: str) 
 
 
 @needs_cupti
-def test_events_fallback_is_like_for_like() -> None:
-    for n in (1 << 20, 1 << 24, 1 << 26):
-        sets = add_inputs(n)
-        cupti = timing.measure(add_call(sets), n_sets=3, device="cuda", method="cupti", budget_s=0.5)
-        events = timing.measure(add_call(sets), n_sets=3, device="cuda", method="events",
-                                budget_s=0.5)
-        assert events.method == "events"
-        assert any(f.startswith("events_sync_bias_subtracted_us") for f in events.flags)
-        assert abs(events.median_us - cupti.median_us) <= max(0.1 * cupti.median_us, 3.0), (
-            n, cupti, events)
+@pytest.mark.parametrize("n", [1 << 22, 1 << 24, 1 << 26])
+def test_events_fallback_is_like_for_like(n: int) -> None:
+    sets = add_inputs(n)
+    cupti = timing.measure(add_call(sets), n_sets=3, device="cuda", method="cupti", budget_s=0.4)
+    events = timing.measure(add_call(sets), n_sets=3, device="cuda", method="events", budget_s=0.4)
+    assert events.method == "events"
+    assert any(f.startswith("events_sync_bias_subtracted_us") for f in events.flags)
+    assert abs(events.median_us - cupti.median_us) <= max(0.1 * cupti.median_us, 3.0), (cupti, events)
 
 
 def test_events_without_cupti_still_work_with_patched_sync(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,23 +166,24 @@ def test_cupti_works_again_after_another_profiler_took_the_callbacks() -> None:
 
 
 @needs_cupti
-def test_measure_inside_another_profiler_fails_over_cleanly() -> None:
-    # In a child process: a profiler that owns CUPTI must not take the session down with it.
+def test_measure_inside_another_profiler_leaves_cupti_alone() -> None:
+    # In a child process, so that a profiler fight could not take this session down.
     code = """
 import torch
 from pytest_kcoral import timing
 timing.prepare("cuda")
 a = torch.randn(1 << 22, device="cuda")
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
     r = timing.measure(lambda i: torch.sin(a), n_sets=1, device="cuda", budget_s=0.2)
-print("METHOD", r.method, r.median_us, r.flags)
+print("INSIDE", r.method, [f for f in r.flags if f.startswith("fallback")])
+assert prof.key_averages()
 r = timing.measure(lambda i: torch.sin(a), n_sets=1, device="cuda", budget_s=0.2)
-print("AFTER", r.method, r.median_us)
+print("AFTER", r.method, r.records)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "METHOD cupti" in out.stdout or "METHOD events" in out.stdout, out.stdout
-    assert "AFTER cupti" in out.stdout, out.stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "INSIDE events ['fallback_to_events: CUPTI is in use: a torch profiler is running']" in out.stdout
+    assert "AFTER cupti 1" in out.stdout, out.stdout
 
 
 def test_benchmark_on_gpu() -> None:
