@@ -170,8 +170,9 @@ def run_ncu(cache_control: str) -> tuple[dict[str, float], str]:
         chunk = sorted(calls[i * NCU_CALLS:(i + 1) * NCU_CALLS])
         if len(chunk) == NCU_CALLS:
             per_case[name] = chunk[NCU_CALLS // 2] / 1e3
-    shown = [c if c != sys.executable else "python" for c in cmd if c not in (log, names_path)]
-    shown = [("bench/timing_fidelity.py" if c == os.path.abspath(__file__) else c) for c in shown]
+    placeholders = {log: "LOG.csv", names_path: "NAMES.json", sys.executable: "python",
+                    os.path.abspath(__file__): "bench/timing_fidelity.py"}
+    shown = [placeholders.get(c, c) for c in cmd]
     return per_case, " ".join(shown)
 
 

@@ -175,7 +175,7 @@ def test_cuda_device_without_cuda_fails_clearly() -> None:
 def test_benchmark_returns_the_documented_keys() -> None:
     seen: list[int] = []
     result = pytest_kcoral.benchmark(lambda a, b: busy_wait(0.0005) or a + b,
-                                     input_sets=[(1, 2), (3, 4)], budget_s=0.1,
+                                     input_sets=[(1, 2), (3, 4)], budget_s=0.1, device="cpu",
                                      on_output=lambda i, out: seen.append(out))
     expected = {f for f in TimingStats.__dataclass_fields__} | {
         "latency_ms_median", "latency_ms_min", "latency_ms_iqr"}
@@ -183,7 +183,7 @@ def test_benchmark_returns_the_documented_keys() -> None:
     assert result["method"] == "wall"
     assert result["latency_ms_median"] == pytest.approx(result["median_us"] / 1e3)
     assert set(seen) == {3, 7}
-    positional = pytest_kcoral.benchmark(lambda x: busy_wait(x), 0.001, budget_s=0.1)
+    positional = pytest_kcoral.benchmark(lambda x: busy_wait(x), 0.001, budget_s=0.1, device="cpu")
     assert positional["median_us"] >= 1000
     with pytest.raises(TypeError):
         pytest_kcoral.benchmark(lambda x: x, 1, input_sets=[(1,)])
