@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
@@ -247,7 +248,7 @@ class FakeGpuTimer:
         from pytest_kcoral.timing.cupti_timer import WindowRecords
 
         self._make = lambda: WindowRecords(span_us=span_us, busy_us=span_us, records=1,
-                                           work=__import__("collections").Counter({kernel: 1}))
+                                           work=Counter({kernel: 1}))
         self.windows: list = []
 
     def start(self) -> None: ...
