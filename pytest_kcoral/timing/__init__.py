@@ -1,18 +1,106 @@
 """Timing: one interface over the CUPTI, CUDA-events and wall-clock timers.
 
-``measure`` is what the stage runner calls inside a child process; ``benchmark`` is the public
-wrapper (``pytest_kcoral.benchmark``). Both return the same statistics.
+``measure`` is what the stage runner calls inside a child process (the candidate's, or the
+trusted baseline's); ``benchmark`` is the public wrapper (``pytest_kcoral.benchmark``). Both
+measure the same way:
 
-(Stub: wall clock only. The CUPTI and events timers replace this body behind the same signature.)
+1. one untimed call (JIT, autotune, lazy loading);
+2. warm-up calls for ``warmup_s`` seconds;
+3. a calibration of the harness itself: empty calls through the same window;
+4. timed calls, rotating through the input sets, until the relative standard error of the median
+   is under ``rse_target`` or ``budget_s`` runs out (``min_samples``/``max_samples`` bound it).
+
+Before every call (warm-up included, so warm-up looks like timing): the persisting-L2 limit is
+reset and L2 is flushed by a read, outside the window. Before every timed call ``refresh(i)``
+gives input set ``i`` fresh values; after it ``on_output(i, out)`` sees the output; both are
+outside the window.
+
+A call's time is the GPU span (CUPTI), the synchronized event span (events) or the host time
+(wall). Its host time (the saved ``perf_counter`` around the call and the device-wide synchronize
+that closes the window) is recorded beside it. When the host time, less the harness's own
+overhead, exceeds the GPU span by more than the span itself plus ``host_slack_us``, the call is
+host-bound: its time is the host time (never less than the span), ``host_bound`` is set and the
+``host_bound`` flag raised. The method stays the timer's, so baseline and candidate remain
+comparable; see docs/performance.md.
+
+Importing this package imports neither torch nor cupti. The stage runner calls ``prepare(device)``
+before it imports a candidate, so every clock, synchronize and CUPTI entry point the timers use
+was taken before candidate code could patch it.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Any, Callable
+import math
+from collections import Counter
+from typing import Any, Callable, Sequence
 
-from pytest_kcoral.results import TimingStats
+from pytest_kcoral.results import TIMER_METHODS, TimingStats
+from pytest_kcoral.timing import clocks, stats
+from pytest_kcoral.timing.clocks import perf_counter as _perf_counter
+
+RSE_TARGET = 0.005
+HOST_SLACK_US = 100.0
+_CALIBRATION_CALLS = 10
+_CALIBRATE_EVERY = 4  # one empty window after every this many timed calls
+_FIRST_CHECK = 20  # fewer samples than this never end the loop early
+
+__all__ = [
+    "HOST_SLACK_US",
+    "RSE_TARGET",
+    "TimerUnavailable",
+    "available_methods",
+    "benchmark",
+    "measure",
+    "prepare",
+]
+
+
+class TimerUnavailable(RuntimeError):
+    """The requested timing method cannot run here (no CUDA, no cupti-python, CUPTI refused)."""
+
+    kind = "timing"
+
+
+def _is_cuda(device: Any) -> bool:
+    return str(device).startswith("cuda")
+
+
+def prepare(device: Any = "cpu") -> None:
+    """Take the references the timers use; call before importing candidate code.
+
+    On a CPU device this does nothing (the wall clock was captured at import). On a CUDA device it
+    imports torch, cupti-python (when installed) and cuda-bindings, and keeps their entry points.
+    """
+    if not _is_cuda(device):
+        return
+    refs = clocks.capture_torch()
+    if not refs.cuda_available:
+        return
+    from pytest_kcoral.timing import cupti_timer, l2
+
+    l2.capture_cudart()
+    try:
+        cupti_timer.capture_cupti()
+    except cupti_timer.CuptiUnavailable:
+        pass  # measure() falls back to events and says why
+
+
+def available_methods(device: Any = None) -> list[str]:
+    """Timing methods usable on ``device`` (default: the first GPU if any), best first."""
+    refs = clocks.capture_torch()
+    if device is None:
+        device = "cuda" if refs.cuda_available else "cpu"
+    if not _is_cuda(device) or not refs.cuda_available:
+        return ["wall"]
+    from pytest_kcoral.timing import cupti_timer
+
+    methods = ["events", "wall"]
+    try:
+        cupti_timer.capture_cupti()
+        methods.insert(0, "cupti")
+    except cupti_timer.CuptiUnavailable:
+        pass
+    return methods
 
 
 def measure(
@@ -27,40 +115,331 @@ def measure(
     budget_s: float = 1.0,
     min_samples: int = 5,
     max_samples: int = 1000,
+    flush_l2: bool = True,
+    rse_target: float = RSE_TARGET,
+    host_slack_us: float = HOST_SLACK_US,
 ) -> TimingStats:
     """Time ``call(i)`` for input sets ``i`` in ``range(n_sets)``, rotating through them.
 
     ``refresh(i)`` gives set ``i`` fresh values and runs outside the timed window, before every
     timed call. ``on_output(i, out)`` receives each timed call's output, also outside the window,
     so the caller can verify it. ``method`` forces a timer ("cupti", "events", "wall"); None picks
-    the best one available for ``device``.
+    the best one available for ``device``. A forced method that cannot run raises
+    ``TimerUnavailable``; with ``method=None`` a CUPTI failure falls back to events and says so
+    in ``flags``.
     """
-    call(0)  # first untimed call: JIT, autotune, lazy loading
-    samples_us: list[float] = []
-    deadline_warm = time.perf_counter() + warmup_s
-    i = 0
-    while time.perf_counter() < deadline_warm:
-        call(i % n_sets)
-        i += 1
-    deadline = time.perf_counter() + budget_s
-    i = 0
-    while len(samples_us) < max_samples and (len(samples_us) < min_samples or time.perf_counter() < deadline):
-        k = i % n_sets
-        if refresh is not None:
-            refresh(k)
-        t0 = time.perf_counter()
-        out = call(k)
-        t1 = time.perf_counter()
-        if on_output is not None:
-            on_output(k, out)
-        samples_us.append((t1 - t0) * 1e6)
-        i += 1
-    samples_us.sort()
-    q = statistics.quantiles(samples_us, n=4) if len(samples_us) >= 2 else [samples_us[0]] * 3
-    return TimingStats(
-        method="wall",
-        median_us=statistics.median(samples_us),
-        iqr_us=q[2] - q[0],
-        min_us=samples_us[0],
-        n=len(samples_us),
+    if n_sets < 1:
+        raise ValueError("n_sets must be at least 1")
+    if method is not None and method not in TIMER_METHODS:
+        raise ValueError(f"unknown timing method {method!r}; choose one of {', '.join(TIMER_METHODS)}")
+    min_samples = max(1, min_samples)
+    max_samples = max(min_samples, max_samples)
+    loop = dict(
+        call=call, n_sets=n_sets, refresh=refresh, on_output=on_output, warmup_s=warmup_s,
+        budget_s=budget_s, min_samples=min_samples, max_samples=max_samples,
+        rse_target=rse_target, host_slack_us=host_slack_us,
     )
+
+    if not _is_cuda(device):
+        if method not in (None, "wall"):
+            raise TimerUnavailable(
+                f"timing method {method!r} needs a CUDA device, but this item runs on {device!r}"
+            )
+        from pytest_kcoral.timing.timers import WallTimer
+
+        return _sample(WallTimer(None), sync=None, flusher=None, flags=[], **loop)
+
+    refs = clocks.capture_torch()
+    if not refs.cuda_available:
+        raise TimerUnavailable(f"device {device!r} requested but CUDA is not available in this process")
+    prepare(device)
+    torch = refs.torch
+    from pytest_kcoral.timing.cupti_timer import CuptiTimer, CuptiUnavailable
+    from pytest_kcoral.timing.l2 import L2Flusher
+    from pytest_kcoral.timing.timers import EventsTimer, WallTimer
+
+    with torch.cuda.device(torch.device(device)):
+        flags: list[str] = []
+        flusher = None
+        if flush_l2:
+            flusher = L2Flusher(torch, torch.device(device))
+            flags.append(f"l2_flush=read:{flusher.buffer_bytes >> 20}MiB")
+        else:
+            flags.append("l2_flush=off")
+
+        def run(timer: Any, run_flags: list[str]) -> TimingStats:
+            stats_ = _sample(timer, sync=refs.synchronize, flusher=flusher, flags=run_flags, **loop)
+            if flusher is not None:
+                if flusher.persisting_reset_done:
+                    stats_.flags.append("persisting_l2_reset")
+                else:
+                    stats_.flags.append(f"persisting_l2_reset_unavailable: {flusher.persisting.error}")
+            return stats_
+
+        if method in (None, "cupti"):
+            busy = _profiler_active(torch)
+            if busy is not None:
+                # Taking CUPTI's callbacks from a running profiler starves it, and at its exit it
+                # may flush through our callbacks while holding the GIL: leave CUPTI alone.
+                if method == "cupti":
+                    raise TimerUnavailable(f"CUPTI is in use: {busy}")
+                flags.append(f"fallback_to_events: CUPTI is in use: {busy}")
+                return run(EventsTimer(refs), flags)
+            try:
+                return run(CuptiTimer(refs.synchronize), list(flags))
+            except CuptiUnavailable as exc:
+                if method == "cupti":
+                    raise TimerUnavailable(str(exc)) from exc
+                flags.append(f"fallback_to_events: {exc}")
+        if method in (None, "events"):
+            return run(EventsTimer(refs), flags)
+        return run(WallTimer(refs), flags)
+
+
+def _profiler_active(torch: Any) -> str | None:
+    """Why CUPTI is busy in this process (a torch profiler is running), or None."""
+    try:
+        if torch.autograd.profiler._is_profiler_enabled:
+            return "a torch profiler is running"
+    except Exception:  # noqa: BLE001 - a private attribute: absence means we cannot tell
+        pass
+    try:
+        if torch._C._autograd._profiler_enabled():
+            return "a torch profiler is running"
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def _sample(
+    timer: Any,
+    *,
+    sync: Callable[[], None] | None,
+    flusher: Callable[[], None] | None,
+    flags: list[str],
+    call: Callable[[int], Any],
+    n_sets: int,
+    refresh: Callable[[int], None] | None,
+    on_output: Callable[[int, Any], None] | None,
+    warmup_s: float,
+    budget_s: float,
+    min_samples: int,
+    max_samples: int,
+    rse_target: float,
+    host_slack_us: float,
+) -> TimingStats:
+    perf = _perf_counter
+    sync_first = timer.sync_before_window and sync is not None
+    roles: list[str] = []  # one per window: "first", "warmup", "empty", "timed"
+    host_us: list[float] = []  # per window
+    direct_us: list[float | None] = []  # per window: the events span; None for CUPTI and wall
+
+    def window(fn: Callable[[int], Any], k: int, role: str) -> Any:
+        if flusher is not None:
+            flusher()
+        if sync_first:
+            sync()
+        h0 = perf()
+        token = timer.open_window()
+        out = fn(k)
+        direct = timer.close_window(token)
+        h1 = perf()
+        roles.append(role)
+        host_us.append((h1 - h0) * 1e6)
+        direct_us.append(direct)
+        return out
+
+    def empty(_k: int) -> None:
+        return None
+
+    timer.start()
+    try:
+        window(call, 0, "first")
+        i = 0
+        warm_until = perf() + warmup_s
+        while True:
+            window(call, i % n_sets, "warmup")
+            i += 1
+            if perf() >= warm_until:
+                break
+        # The harness's own cost (synchronize wake-up, event record) drifts with clocks and load,
+        # so besides these empty calls one more runs after every few timed calls.
+        for _ in range(_CALIBRATION_CALLS):
+            window(empty, 0, "empty")
+
+        deadline = perf() + budget_s
+        n = 0
+        next_check = max(min_samples, _FIRST_CHECK)
+        converged = False
+        while n < max_samples:
+            k = (i + n) % n_sets
+            if refresh is not None:
+                refresh(k)
+            out = window(call, k, "timed")
+            if on_output is not None:
+                on_output(k, out)
+            n += 1
+            if n % _CALIBRATE_EVERY == 0:
+                window(empty, 0, "empty")
+            if n >= min_samples and perf() >= deadline:
+                break
+            if n >= next_check:
+                next_check = n + max(5, n // 4)
+                values = _per_call_times(timer, roles, host_us, direct_us, interim=True)[0]
+                if stats.rse_of_median(sorted(values)) < rse_target:
+                    converged = True
+                    break
+        records = timer.stop()
+    except BaseException:
+        timer.stop_quietly()
+        raise
+
+    times, extra = _per_call_times(timer, roles, host_us, direct_us, records=records,
+                                   host_slack_us=host_slack_us, flags=flags)
+    ordered = sorted(times)
+    rse = stats.rse_of_median(ordered)
+    if not converged and not rse < rse_target:
+        flags.append(f"rse_target_missed: {rse:.4f} >= {rse_target} after {len(times)} samples")
+    return TimingStats(
+        method=timer.method,
+        median_us=stats.median(ordered),
+        iqr_us=stats.iqr(ordered),
+        min_us=ordered[0],
+        n=len(ordered),
+        rse=rse if math.isfinite(rse) else 0.0,
+        flags=flags,
+        **extra,
+    )
+
+
+def _per_call_times(
+    timer: Any,
+    roles: list[str],
+    host_us: list[float],
+    direct_us: list[float | None],
+    *,
+    interim: bool = False,
+    records: Any = None,
+    host_slack_us: float = HOST_SLACK_US,
+    flags: list[str] | None = None,
+) -> tuple[list[float], dict[str, Any]]:
+    """Per timed call: the time and (final pass) the host-bound check and CUPTI's extras."""
+    timed = [j for j, r in enumerate(roles) if r == "timed"]
+    empties = sorted(host_us[j] for j, r in enumerate(roles) if r == "empty")
+    host_overhead_us = stats.median(empties) if empties else 0.0
+    extra: dict[str, Any] = {}
+
+    if timer.method == "cupti":
+        if interim:
+            records = timer.interim()
+        primary = [records[j].span_us for j in timed]
+    elif timer.method == "events":
+        bias_us = stats.median(sorted(direct_us[j] for j, r in enumerate(roles) if r == "empty"))
+        primary = [max(0.0, direct_us[j] - bias_us) for j in timed]
+        if flags is not None:
+            flags.append(f"events_sync_bias_subtracted_us={bias_us:.2f}")
+    else:
+        primary = [max(0.0, host_us[j] - host_overhead_us) for j in timed]
+    if interim:
+        return primary, extra
+
+    host_timed = [host_us[j] for j in timed]
+    extra["host_median_us"] = stats.median(sorted(host_timed))
+    if timer.method in ("cupti", "events"):
+        host_minus_overhead = [h - host_overhead_us for h in host_timed]
+        unaccounted = sorted(h - p for h, p in zip(host_minus_overhead, primary))
+        span_median = stats.median(sorted(primary))
+        if stats.median(unaccounted) > span_median + host_slack_us:
+            extra["host_bound"] = True
+            assert flags is not None
+            flags.append(
+                f"host_bound: host time {extra['host_median_us']:.1f} us (harness overhead "
+                f"{host_overhead_us:.1f} us) far above the GPU span {span_median:.1f} us; "
+                "timed by the host clock"
+            )
+            primary = [max(p, h) for p, h in zip(primary, host_minus_overhead)]
+
+    if timer.method == "cupti":
+        extra["busy_us"] = stats.median(sorted(records[j].busy_us for j in timed))
+        extra["records"] = int(round(stats.median(sorted(records[j].records for j in timed))))
+        later = [records[j].work for j, r in enumerate(roles) if r in ("warmup", "timed")]
+        same = all(w == later[0] for w in later)
+        extra["same_work_every_call"] = same
+        assert flags is not None
+        if not same:
+            flags.append("work_differs_between_calls: " + _describe_work_change(later))
+        first = [records[j].work for j, r in enumerate(roles) if r == "first"]
+        if first and sum(first[0].values()) > 0 and all(sum(w.values()) == 0 for w in later):
+            flags.append("no_gpu_work_after_first_call")
+    return primary, extra
+
+
+def _describe_work_change(works: Sequence[Counter]) -> str:
+    distinct: list[Counter] = []
+    for w in works:
+        if w not in distinct:
+            distinct.append(w)
+    shown = [", ".join(f"{name} x{count}" for name, count in sorted(w.items())) or "no GPU work"
+             for w in distinct[:2]]
+    return f"{len(distinct)} distinct kernel sets, e.g. [{shown[0]}] vs [{shown[1]}]"
+
+
+def benchmark(
+    fn: Callable[..., Any],
+    *args: Any,
+    input_sets: Sequence[Sequence[Any]] | None = None,
+    refresh: Callable[[int], None] | None = None,
+    on_output: Callable[[int, Any], None] | None = None,
+    method: str | None = None,
+    budget_s: float = 1.0,
+    warmup_s: float = 0.05,
+    min_samples: int = 5,
+    max_samples: int = 1000,
+    flush_l2: bool = True,
+    device: Any = None,
+    rse_target: float = RSE_TARGET,
+) -> dict[str, Any]:
+    """Time ``fn`` the way the grader does and return the statistics as a dict.
+
+    ``fn(*args)`` is called, or with ``input_sets`` (a list of argument tuples) ``fn(*input_sets[i])``
+    rotating over the sets; ``refresh(i)`` may rewrite set ``i`` in place before each timed call.
+    ``device`` defaults to the device of the first tensor argument (else the current GPU, else
+    the CPU). Keys: those of ``TimingStats`` (``method``, ``median_us``, ``iqr_us``, ``min_us``,
+    ``n``, ``rse``, ``busy_us``, ``records``, ``host_median_us``, ``host_bound``,
+    ``same_work_every_call``, ``flags``) plus KCoral's ``latency_ms_median``, ``latency_ms_min``
+    and ``latency_ms_iqr``.
+    """
+    sets = [tuple(s) for s in input_sets] if input_sets is not None else [tuple(args)]
+    if input_sets is not None and args:
+        raise TypeError("pass the inputs either as positional arguments or as input_sets, not both")
+    if not sets:
+        raise ValueError("input_sets is empty")
+    if device is None:
+        device = _infer_device(sets[0])
+    prepare(device)
+
+    def call(i: int) -> Any:
+        return fn(*sets[i])
+
+    result = measure(
+        call, n_sets=len(sets), refresh=refresh, on_output=on_output, device=str(device),
+        method=method, warmup_s=warmup_s, budget_s=budget_s, min_samples=min_samples,
+        max_samples=max_samples, flush_l2=flush_l2, rse_target=rse_target,
+    ).to_dict()
+    result["latency_ms_median"] = result["median_us"] / 1e3
+    result["latency_ms_min"] = result["min_us"] / 1e3
+    result["latency_ms_iqr"] = result["iqr_us"] / 1e3
+    return result
+
+
+def _infer_device(args: Sequence[Any]) -> str:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                return str(a.device)
+        if clocks.capture_torch().cuda_available:
+            return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"

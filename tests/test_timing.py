@@ -1,0 +1,287 @@
+"""The timing module on a CPU: wall-clock fidelity, the sampling loop's contract, method selection.
+
+GPU behaviour (CUPTI, events, L2 flush, side streams, host-bound calls) is covered by
+tests/gpu/test_timing_gpu.py on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+import pytest_kcoral
+from pytest_kcoral import timing
+from pytest_kcoral.results import TimingStats
+from pytest_kcoral.timing import stats
+
+
+_real_perf_counter = time.perf_counter
+
+
+def busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class SelfTimed:
+    """A call that records how long it really took (so a loaded CI machine cannot fail tests)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.durations_us: list[float] = []
+
+    def __call__(self, i: int) -> int:
+        t0 = _real_perf_counter()
+        busy_wait(self.seconds)
+        self.durations_us.append((_real_perf_counter() - t0) * 1e6)
+        return i
+
+    def median_us(self, last: int) -> float:
+        return stats.median(sorted(self.durations_us[-last:]))
+
+
+def test_wall_timer_measures_a_known_duration() -> None:
+    fn = SelfTimed(0.002)
+    result = timing.measure(fn, n_sets=1, budget_s=0.3, warmup_s=0.01)
+    assert result.method == "wall"
+    assert result.median_us >= 2000
+    assert result.median_us == pytest.approx(fn.median_us(result.n), rel=0.05, abs=20)
+    assert result.min_us <= result.median_us
+    assert result.n >= 5
+    assert result.host_median_us == pytest.approx(result.median_us, abs=20)
+    assert result.host_bound is False
+    assert result.same_work_every_call is None
+
+
+def test_sleep_is_measured_too() -> None:
+    result = timing.measure(lambda i: time.sleep(0.005), n_sets=1, budget_s=0.3, warmup_s=0.01)
+    assert 4900 <= result.median_us < 20000
+
+
+def test_refresh_and_on_output_run_outside_the_window_once_per_timed_call() -> None:
+    events: list[tuple[str, int]] = []
+
+    def refresh(i: int) -> None:
+        events.append(("refresh", i))
+        time.sleep(0.01)  # must not show up in the median
+
+    inner = SelfTimed(0.001)
+
+    def call(i: int) -> int:
+        events.append(("call", i))
+        return inner(i) * 10
+
+    outputs: list[tuple[int, int]] = []
+
+    def on_output(i: int, out: int) -> None:
+        outputs.append((i, out))
+        events.append(("output", i))
+        time.sleep(0.01)
+
+    result = timing.measure(call, n_sets=3, refresh=refresh, on_output=on_output,
+                            budget_s=0.3, warmup_s=0.01, min_samples=8)
+    assert result.median_us == pytest.approx(inner.median_us(result.n), rel=0.05, abs=20)
+    assert result.median_us < 5000  # the 10 ms refresh and on_output are outside the window
+    assert len(outputs) == result.n
+    assert all(out == i * 10 for i, out in outputs)
+    # Every timed call is refresh(k), call(k), on_output(k), in that order, for the same k.
+    timed = events[next(j for j, e in enumerate(events) if e[0] == "refresh"):]
+    triples = [timed[j:j + 3] for j in range(0, len(timed), 3)]
+    assert len(triples) == result.n
+    for triple in triples:
+        k = triple[0][1]
+        assert triple == [("refresh", k), ("call", k), ("output", k)]
+    # The timed calls rotate through all input sets.
+    assert {t[0][1] for t in triples} == {0, 1, 2}
+    ks = [t[0][1] for t in triples]
+    assert all((b - a) % 3 == 1 for a, b in zip(ks, ks[1:]))
+
+
+def test_first_call_and_warmup_are_untimed() -> None:
+    calls: list[int] = []
+
+    def call(i: int) -> None:
+        calls.append(i)
+        if len(calls) == 1:
+            time.sleep(0.05)  # JIT-like first call
+        busy_wait(0.0005)
+
+    result = timing.measure(call, n_sets=2, budget_s=0.2, warmup_s=0.02)
+    assert len(calls) > result.n + 1
+    assert result.median_us < 25000  # the 50 ms first call is not a sample
+
+
+def test_stops_when_the_median_is_precise() -> None:
+    result = timing.measure(lambda i: busy_wait(0.001), n_sets=1, budget_s=30.0, warmup_s=0.01,
+                            max_samples=5000)
+    assert result.rse < 0.005
+    assert result.n < 5000
+    assert not any(f.startswith("rse_target_missed") for f in result.flags)
+
+
+def test_budget_bounds_a_noisy_measurement() -> None:
+    import random
+
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    result = timing.measure(lambda i: busy_wait(rng.choice([0.0002, 0.002])), n_sets=1,
+                            budget_s=0.3, warmup_s=0.01, rse_target=1e-6)
+    assert time.perf_counter() - t0 < 2.0
+    assert any(f.startswith("rse_target_missed") for f in result.flags)
+    assert result.n >= 5
+
+
+def test_max_and_min_samples() -> None:
+    result = timing.measure(lambda i: None, n_sets=1, budget_s=10, warmup_s=0, max_samples=7,
+                            rse_target=0)
+    assert result.n == 7
+    result = timing.measure(lambda i: busy_wait(0.001), n_sets=1, budget_s=0, warmup_s=0,
+                            min_samples=12)
+    assert result.n == 12
+
+
+def test_rse_of_median() -> None:
+    assert stats.rse_of_median([1.0]) == float("inf")
+    assert stats.rse_of_median([5.0] * 50) == 0.0
+    values = sorted(float(v) for v in range(1, 102))  # uniform 1..101, median 51
+    rse = stats.rse_of_median(values)
+    # Binomial interval of the median of 101 values spans about +-10 ranks: se ~ 20/3.92 ~ 5.1
+    assert 0.08 < rse < 0.12
+    assert stats.median(values) == 51
+    assert stats.iqr(values) == 50
+
+
+def test_forced_gpu_methods_fail_clearly_on_a_cpu() -> None:
+    for method in ("cupti", "events"):
+        with pytest.raises(timing.TimerUnavailable, match="needs a CUDA device"):
+            timing.measure(lambda i: None, n_sets=1, device="cpu", method=method)
+    with pytest.raises(ValueError, match="unknown timing method"):
+        timing.measure(lambda i: None, n_sets=1, method="rdtsc")
+
+
+def test_cuda_device_without_cuda_fails_clearly() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for method in (None, "cupti", "events"):
+        with pytest.raises(timing.TimerUnavailable, match="CUDA is not available"):
+            timing.measure(lambda i: None, n_sets=1, device="cuda", method=method)
+
+
+def test_benchmark_returns_the_documented_keys() -> None:
+    seen: list[int] = []
+    result = pytest_kcoral.benchmark(lambda a, b: busy_wait(0.0005) or a + b,
+                                     input_sets=[(1, 2), (3, 4)], budget_s=0.1, device="cpu",
+                                     on_output=lambda i, out: seen.append(out))
+    expected = {f for f in TimingStats.__dataclass_fields__} | {
+        "latency_ms_median", "latency_ms_min", "latency_ms_iqr"}
+    assert expected <= set(result)
+    assert result["method"] == "wall"
+    assert result["latency_ms_median"] == pytest.approx(result["median_us"] / 1e3)
+    assert set(seen) == {3, 7}
+    positional = pytest_kcoral.benchmark(lambda x: busy_wait(x), 0.001, budget_s=0.1, device="cpu")
+    assert positional["median_us"] >= 1000
+    with pytest.raises(TypeError):
+        pytest_kcoral.benchmark(lambda x: x, 1, input_sets=[(1,)])
+
+
+def test_patching_perf_counter_after_import_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = time.perf_counter
+    fn = SelfTimed(0.002)
+    # A candidate that slows the clock tenfold, loaded after the timing module.
+    monkeypatch.setattr(time, "perf_counter", lambda: real() / 10.0)
+    result = timing.measure(fn, n_sets=1, budget_s=0.2, warmup_s=0.01)
+    # busy_wait itself reads the patched clock, so it spins 10x longer (~20 ms), measured truly.
+    assert result.median_us >= 15000
+    assert result.median_us == pytest.approx(fn.median_us(result.n), rel=0.05, abs=20)
+
+
+def test_importing_timing_imports_neither_torch_nor_cupti() -> None:
+    code = ("import sys, pytest_kcoral.timing, pytest_kcoral; "
+            "import pytest_kcoral.timing.cupti_timer, pytest_kcoral.timing.l2; "
+            "print(sorted(m for m in ('torch', 'cupti') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_cupti_import_failure_is_a_clear_error() -> None:
+    # Here cupti-python may be missing or unimportable (no CUDA, no elftools): either way the
+    # error names what to install and nothing is left half-imported.
+    from pytest_kcoral.timing import cupti_timer
+
+    try:
+        cupti_timer.capture_cupti()
+    except cupti_timer.CuptiUnavailable as exc:
+        assert "pytest-kcoral[gpu]" in str(exc)
+    else:
+        pytest.skip("cupti-python imports on this machine")
+
+
+def test_cupti_records_are_attributed_by_their_window() -> None:
+    from pytest_kcoral.timing.cupti_timer import attribute
+
+    windows = [(100, 200), (300, 400)]
+    raw = [
+        (110, 150, 0, "k1"), (160, 190, 0, "k2"),  # window 0: span 80 ns, busy 70 ns
+        (250, 260, 0, "flush"),  # between windows: the harness's own work
+        (310, 330, 1, "memcpy:1"),  # window 1
+        (50, 60, 0, "before"),
+    ]
+    w0, w1 = attribute(windows, raw)
+    assert (w0.records, w0.span_us, w0.busy_us) == (2, 0.08, 0.07)
+    assert dict(w0.work) == {"k1": 1, "k2": 1}
+    assert (w1.records, w1.span_us) == (1, 0.02)
+
+
+class FakeGpuTimer:
+    """Stands in for CUPTI, which this machine cannot have: a GPU span per call that we choose."""
+
+    method = "cupti"
+    sync_before_window = False
+
+    def __init__(self, span_us: float, kernel: str = "k") -> None:
+        from pytest_kcoral.timing.cupti_timer import WindowRecords
+
+        self._make = lambda: WindowRecords(span_us=span_us, busy_us=span_us, records=1,
+                                           work=Counter({kernel: 1}))
+        self.windows: list = []
+
+    def start(self) -> None: ...
+    def open_window(self) -> None: ...
+    def close_window(self, token: object) -> None:
+        self.windows.append(self._make())
+    def interim(self) -> list:
+        return self.windows
+    def stop(self) -> list:
+        return self.windows
+    def stop_quietly(self) -> None: ...
+
+
+def _sample_with(timer: FakeGpuTimer, call, **kw):
+    from pytest_kcoral.timing import _sample
+
+    loop = dict(call=call, n_sets=1, refresh=None, on_output=None, warmup_s=0.01, budget_s=0.2,
+                min_samples=5, max_samples=1000, rse_target=0.005, host_slack_us=100.0)
+    loop.update(kw)
+    return _sample(timer, sync=None, flusher=None, flags=[], **loop)
+
+
+def test_host_work_far_above_the_gpu_span_is_timed_by_the_host_clock() -> None:
+    result = _sample_with(FakeGpuTimer(span_us=5.0), lambda i: busy_wait(0.003))
+    assert result.method == "cupti"
+    assert result.host_bound is True
+    assert result.median_us >= 2900
+    assert any(f.startswith("host_bound") for f in result.flags)
+    assert result.busy_us == 5.0 and result.records == 1 and result.same_work_every_call is True
+
+
+def test_launch_overhead_does_not_make_a_call_host_bound() -> None:
+    # A 2 us kernel whose launch costs ~40 us of Python: honest, not host-bound.
+    result = _sample_with(FakeGpuTimer(span_us=2.0), lambda i: busy_wait(0.00004))
+    assert result.host_bound is False, result.flags
+    assert result.median_us == 2.0
