@@ -102,9 +102,11 @@ class _Runner:
     def __init__(self, role: str, case_spec: dict[str, Any]) -> None:
         import torch
 
-        from pytest_kcoral import timing  # noqa: F401 - taken before any candidate code can patch it
+        from pytest_kcoral import timing
         from pytest_kcoral.case_runtime import CaseRuntime
 
+        # the timers' clocks, synchronize and CUPTI entry points, taken before candidate code loads
+        timing.prepare(case_spec.get("device_kind", "cpu"))
         self.role = role
         self.case = CaseRuntime(case_spec)
         self.device = self.case.device

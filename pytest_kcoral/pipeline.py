@@ -126,7 +126,8 @@ class LocalExecutor:
             "format": case.format,
             "source": str(case.source),
             "baseline_file": str(case.baseline_file) if case.baseline_file else None,
-            "device": "cpu",
+            "device": "cpu",  # until the lease names the device
+            "device_kind": self.device_kind,
             "init_seed": derive_seed(self.settings.seed, case.case_id, "init"),
         }
 

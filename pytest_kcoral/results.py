@@ -22,7 +22,7 @@ TIMER_METHODS = ("cupti", "events", "wall")
 class TimingStats:
     """What one timer measured for one callable (all times in microseconds)."""
 
-    method: str  # "cupti" | "events" | "wall" | "host" (host clock chosen over a far smaller GPU span)
+    method: str  # "cupti" | "events" | "wall"; a host-bound call keeps its method and sets host_bound
     median_us: float
     iqr_us: float = 0.0
     min_us: float = 0.0
