@@ -112,6 +112,8 @@ class LocalExecutor:
             result.phase = failure.phase
             result.outcome = "failed"
             result.message = failure.message
+            if failure.stage == "correctness":
+                result.correct = False
         except ItemSkipped as skip:
             result.outcome = "skipped"
             result.message = str(skip)

@@ -1,0 +1,121 @@
+"""The stage pipeline: compile -> correctness -> timing, gated in order, one screen per failure."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+GOOD = "def run(a, b):\n    return a + b\n"
+
+TRITON_COMPILE_ERROR = """
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _add(a, b, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, tl.load(a + i) + undefined_name, mask=i < n)
+
+def run(a, b):
+    out = torch.empty_like(a)
+    _add[(triton.cdiv(a.numel(), 64),)](a, b, out, a.numel(), BLOCK=64)
+    return out
+"""
+
+TRITON_ADD = """
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _add(a, b, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(out + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
+
+def run(a, b):
+    out = torch.empty_like(a)
+    _add[(triton.cdiv(a.numel(), 64),)](a, b, out, a.numel(), BLOCK=64)
+    return out
+"""
+
+# Right while the correctness trials watch, wrong once the timing loop runs: the outputs of timed
+# calls are checked against the reference too.
+COMPUTES_ONLY_WHILE_WATCHED = """
+calls = 0
+
+def run(a, b):
+    global calls
+    calls += 1
+    return a + b if calls <= 3 else a * b
+"""
+
+
+def _junit_properties(path):
+    props = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name")
+        props[name] = {p.get("name"): p.get("value") for p in case.iter("property")}
+    return props
+
+
+def test_import_error_fails_compile_and_gates_later_stages(make_case, run_kcoral, pytester):
+    make_case("cases/add", candidates={"broken": "import no_such_module_anywhere\n"})
+    result = run_kcoral("-m", "seen", "--junitxml", "junit.xml")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': ModuleNotFoundError: No module named 'no_such_module_anywhere'*"])
+    props = _junit_properties(pytester.path / "junit.xml")
+    (item,) = props.values()
+    assert item["kcoral_stage"] == "compile"
+    assert "kcoral_speedup" not in item
+
+
+def test_compiler_error_at_first_call_counts_as_compile(make_case, run_kcoral):
+    make_case("cases/add", candidates={"tri": TRITON_COMPILE_ERROR})
+    result = run_kcoral("-m", "seen", "--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'correctness':*"])
+    assert "undefined_name" in result.stdout.str()
+
+
+def test_triton_candidate_passes_all_stages_with_timing_properties(make_case, run_kcoral, pytester):
+    make_case("cases/add", candidates={"tri": TRITON_ADD, "torch": GOOD})
+    result = run_kcoral("--junitxml", "junit.xml")
+    result.assert_outcomes(passed=4)
+    props = _junit_properties(pytester.path / "junit.xml")
+    assert len(props) == 4
+    for item in props.values():
+        assert item["kcoral_stage"] == "done"
+        assert item["kcoral_timer"] == "wall"
+        t_base, t_cand = float(item["kcoral_t_baseline_us"]), float(item["kcoral_t_candidate_us"])
+        assert t_base > 0 and t_cand > 0
+        assert abs(float(item["kcoral_speedup"]) - t_base / t_cand) <= 1e-3 * t_base / t_cand + 1e-4
+        assert item["kcoral_device"] == "cpu"
+
+
+def test_correctness_mode_stops_before_timing(make_case, run_kcoral, pytester):
+    make_case("cases/add", candidates={"torch": GOOD})
+    run_kcoral("--kcoral-mode", "correctness", "--junitxml", "junit.xml").assert_outcomes(passed=2)
+    for item in _junit_properties(pytester.path / "junit.xml").values():
+        assert item["kcoral_stage"] == "done"
+        assert "kcoral_speedup" not in item and "kcoral_timer" not in item
+
+
+def test_min_speedup_fails_slow_items(make_case, run_kcoral):
+    make_case("cases/add", candidates={"torch": GOOD})
+    result = run_kcoral("--kcoral-min-speedup", "1000", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral timing failed: speedup *x is below --kcoral-min-speedup 1000 (baseline * us, candidate * us, wall)*"])
+
+
+def test_timed_outputs_are_checked(make_case, run_kcoral):
+    make_case("cases/add", candidates={"sly": COMPUTES_ONLY_WHILE_WATCHED})
+    result = run_kcoral("-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral timing failed in phase 'verify': the outputs of timed calls are wrong*", "*timed call 1: output 0:*"])
+
+
+def test_trials_option_sets_the_number_of_input_sets(make_case, run_kcoral):
+    make_case("cases/add", candidates={"bad": "def run(a, b):\n    return a - b\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-trials", "5", "-m", "seen")
+    result.stdout.fnmatch_lines(["*trial 5 of 5: output 0:*"])
