@@ -53,6 +53,14 @@ class CaseRuntime:
         for name, value in shape.items():
             setattr(self.module, name, value)
 
+    def cost(self, shape: dict[str, Any]) -> dict[str, Any] | None:
+        """The case's ``cost(shape)`` (flops and bytes), when it declares one."""
+        fn = getattr(self.module, "cost", None) if self.format not in (KERNELBENCH, KCORAL_BENCH) else None
+        if not callable(fn):
+            return None
+        value = fn(dict(shape))
+        return dict(value) if isinstance(value, dict) else None
+
     # -- oracle and baseline ----------------------------------------------------------------
 
     def reference(self, shape: dict[str, Any], args: tuple) -> Any:

@@ -19,7 +19,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from pytest_kcoral import protocol
+from pytest_kcoral import leftovers, protocol, tamper
 
 TRUSTED = "trusted"
 CANDIDATE = "candidate"
@@ -30,6 +30,8 @@ _rng = random.SystemRandom()  # timing-input seeds a candidate cannot predict
 def main(conn: Connection, output: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any]) -> None:
     """Entry point of a child (a multiprocessing target started from the template process)."""
     os.setsid()  # own process group: the parent kills the child and whatever it started at once
+    # detached grandchildren (setsid + double fork) come back to this process, where they are found
+    leftovers.become_subreaper()
     for fd in (1, 2):
         os.dup2(output.fileno(), fd)
     output.close()
@@ -42,9 +44,9 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
     try:
         runner = _Runner(role, case_spec)
     except BaseException as exc:  # noqa: BLE001 - the parent must hear why startup failed
-        protocol.send(conn, _error_reply(exc))
+        protocol.send(conn, dict(_error_reply(exc), seq=0))
         return
-    protocol.send(conn, {"ok": True, "pid": os.getpid()})
+    protocol.send(conn, {"ok": True, "pid": os.getpid(), "seq": 0})
     runner.serve(conn)
 
 
@@ -112,6 +114,9 @@ class _Runner:
         self.device = self.case.device
         self.candidate: Any = None
         self.poison_bytes: list[int] = []
+        # what the harness itself runs and relies on, taken before any candidate code loads
+        self.baseline: leftovers.Baseline | None = None
+        self.snapshot: tamper.Snapshot | None = None
 
     def serve(self, conn: Connection) -> None:
         while True:
@@ -124,16 +129,34 @@ class _Runner:
                 return
             if header.get("device"):
                 self._use_device(header["device"])
+            # every reply names the command it answers, so a forged or duplicated reply shows
+            echo = {"seq": header.get("seq"), "nonce": header.get("nonce")}
             handler = getattr(self, f"_cmd_{cmd}", None)
             if handler is None:
-                protocol.send(conn, {"ok": False, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}})
+                protocol.send(conn, {"ok": False, **echo, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}})
                 continue
             try:
                 reply, reply_payload = handler(header, payload)
+                detected = self._audit()
             except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
-                protocol.send(conn, _error_reply(exc))
+                protocol.send(conn, dict(_error_reply(exc), **echo))
                 continue
-            protocol.send(conn, dict(reply, ok=True), reply_payload)
+            if detected:
+                error = {"type": "Detected", "message": "; ".join(detected), "detected": True}
+                protocol.send(conn, {"ok": False, **echo, "error": error})
+                continue
+            protocol.send(conn, dict(reply, ok=True, **echo), reply_payload)
+
+    def _audit(self) -> list[str]:
+        """After candidate code ran: what it left running and which harness functions it replaced."""
+        if self.baseline is None or self.snapshot is None:
+            return []
+        problems = self.baseline.find()
+        patched = self.snapshot.changed()
+        if patched:
+            shown = ", ".join(patched[:6]) + (f" and {len(patched) - 6} more" if len(patched) > 6 else "")
+            problems.append(f"replaced functions the harness relies on (timers, synchronization, comparison or the harness itself): {shown}")
+        return problems
 
     def _use_device(self, device: str) -> None:
         """The lease picks the device after compile, so a child learns it with its first GPU command."""
@@ -166,7 +189,13 @@ class _Runner:
 
     def _cmd_time_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(TRUSTED)
-        return self._time(header, lambda shape, args: self.case.bind_baseline(shape, args))
+        reply, payload = self._time(header, lambda shape, args: self.case.bind_baseline(shape, args))
+        cost = self.case.cost(header["shape"])
+        if cost and cost.get("bytes"):
+            from pytest_kcoral import physical_floor
+
+            reply["floor"] = physical_floor.measure(float(cost["bytes"]), self.device)
+        return reply, payload
 
     # -- candidate role ---------------------------------------------------------------------
 
@@ -174,8 +203,14 @@ class _Runner:
         self._require(CANDIDATE)
         from pytest_kcoral.case_runtime import CandidateRuntime
 
+        self.baseline = leftovers.Baseline.take()
+        self.snapshot = tamper.Snapshot.take()
         self.candidate = CandidateRuntime(header["path"], self.case, header["shape"])
         return {"entry": self.candidate.entry}, None
+
+    def _cmd_finish(self, _header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        """The parent's last word with a candidate child: the audit runs after it, as after any command."""
+        return {}, None
 
     def _cmd_run(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
         """Run the candidate once per input set; report outputs, inputs afterwards and findings."""

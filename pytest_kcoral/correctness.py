@@ -166,3 +166,32 @@ def is_weak_reference(reference: Sequence[Any], tol: Tolerance) -> bool:
     several = [r for r in tensors if r.numel() > 1]
     constants = [torch.full_like(r, float(r.to(torch.float64).nan_to_num().mean())) for r in several]
     return bool(several) and not compare_outputs(constants, several, tol)
+
+
+def constant_where_reference_varies(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]], tol: Tolerance) -> str | None:
+    """A constant output (zeros, a mean, a random number) where the reference's elements vary.
+
+    On a weak case (one that zeros or a constant would match within tolerance) such an output
+    passes the tolerance check; a kernel that computes something never returns the same value in
+    every element when the reference holds several distinct ones.
+    """
+    for t, (outs, refs) in enumerate(zip(outputs_per_trial, reference_per_trial)):
+        if outs is None:
+            continue
+        for i, (out, ref) in enumerate(zip(outs, refs)):
+            if not (isinstance(out, torch.Tensor) and isinstance(ref, torch.Tensor)) or out.numel() < 2:
+                continue
+            if out.shape != ref.shape or not out.is_floating_point() or not ref.is_floating_point():
+                continue
+            o, r = out.flatten(), ref.to(torch.float64).flatten()
+            if not bool(torch.isfinite(r).all()) or not bool((o == o[0]).all()):
+                continue
+            distinct = int(torch.unique(r).numel())
+            if distinct >= _DISTINCT_VALUES:
+                return (f"trial {t + 1}: output {i} is the constant {float(o[0]):.6g} in every element while the reference's "
+                        f"{distinct} distinct values range over {float(r.max() - r.min()):.3g} (near-zero or constant output)")
+    return None
+
+
+# a reference with at least this many distinct values is not matched by an honest constant output
+_DISTINCT_VALUES = 4

@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -25,15 +26,18 @@ from multiprocessing import popen_forkserver, spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_kcoral import child, protocol
+from pytest_kcoral import child, leftovers, protocol
 
 # Imported once by the template so children start warm. Missing ones are skipped by forkserver.
-TEMPLATE_PRELOAD = ["torch", "triton", "triton.language", "pytest_kcoral.child", "pytest_kcoral.case_runtime", "pytest_kcoral.timing"]
+TEMPLATE_PRELOAD = ["pytest_kcoral.template", "torch", "triton", "triton.language", "pytest_kcoral.child", "pytest_kcoral.case_runtime", "pytest_kcoral.timing"]
 
 _OUTPUT_HEAD_BYTES = 4 << 10
 _OUTPUT_TAIL_BYTES = 16 << 10
 
 _template_ready = False
+_template_key: str | None = None  # the sandbox wrapper the template runs under, None: none
+_template_pid: int | None = None  # the process children are forked from
+_live_pids: set[int] = set()  # this process's children that are alive, to tell orphans apart
 _template_lock = threading.Lock()
 _launch_lock = threading.Lock()
 _get_preparation_data = spawn.get_preparation_data
@@ -68,29 +72,69 @@ class _TemplateProcess(mp_context.ForkServerProcess):
         return _TemplatePopen(process_obj)
 
 
-def _ensure_template(env: dict[str, str]) -> None:
+def _ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
     """Start the template (one per pytest process) preloaded with what every child imports.
 
     The template starts with the children's environment: Triton reads ``TRITON_INTERPRET`` when
     it is imported (its own library functions are jitted then), so the CPU interpreter must be
-    chosen before the preload, not in the child.
+    chosen before the preload, not in the child. Under ``--kcoral-sandbox`` it starts inside
+    bubblewrap (``sandbox.py``); a template of another sandbox setting is stopped first.
     """
-    global _template_ready
+    global _template_ready, _template_key, _template_pid
+    key = getattr(sandbox, "executable", None)
     with _template_lock:
-        if _template_ready:
+        if _template_ready and _template_key == key:
             return
+        if _template_ready:
+            stop_template()
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        saved_exe = spawn.get_executable()
         try:
+            if key is not None:
+                spawn.set_executable(key)
             multiprocessing.forkserver.set_forkserver_preload(TEMPLATE_PRELOAD)
             multiprocessing.forkserver.ensure_running()
         finally:
+            spawn.set_executable(saved_exe)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
         _template_ready = True
+        _template_key = key
+        _template_pid = None  # learnt from the first child (bwrap may stand between)
+
+
+def stop_template() -> None:
+    """Stop the template process (its children are unaffected); the next child starts a new one."""
+    global _template_ready, _template_pid
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        try:
+            server._stop()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    _template_ready = False
+    _template_pid = None
+
+
+def _kill_orphans() -> list[int]:
+    """Processes re-parented to the template after their child died: a candidate's leftovers.
+
+    The template is a subreaper (``pytest_kcoral.template``), so what a dead child left running
+    lands there rather than at init; anything under it that is not a live child is killed.
+    """
+    template_pid = _template_pid
+    if not template_pid:
+        return []
+    orphans = [p for p in leftovers.descendants(template_pid) if p not in _live_pids]
+    # only the roots: kill_tree takes their descendants with them
+    roots = [p for p in orphans if leftovers.parent_of(p) == template_pid]
+    for pid in roots:
+        leftovers.kill_tree(pid, include_root=True)
+    return roots
 
 
 class ChildFailure(Exception):
@@ -141,13 +185,15 @@ class _OutputDrain(threading.Thread):
 class Child:
     """The parent's handle on one child process."""
 
-    def __init__(self, role: str, case_spec: dict[str, Any], env: dict[str, str], deadline: float, label: str = "") -> None:
+    def __init__(self, role: str, case_spec: dict[str, Any], env: dict[str, str], deadline: float, label: str = "", sandbox: Any = None) -> None:
+        global _template_pid
         self.role = role
         self.label = label or role
         self.deadline = deadline
         self.phase = "startup"
-        self.workdir = tempfile.mkdtemp(prefix=f"kcoral-{role}-")
-        _ensure_template(env)
+        # under the sandbox only its workspace is writable (and visible at the same path)
+        self.workdir = tempfile.mkdtemp(prefix=f"kcoral-{role}-", dir=getattr(sandbox, "workspace", None))
+        _ensure_template(env, sandbox)
         self.conn, child_conn = multiprocessing.Pipe(duplex=True)
         out_r, out_w = os.pipe()
         out_w_conn = Connection(out_w, readable=False)
@@ -158,11 +204,18 @@ class Child:
             daemon=True,
         )
         self.started_at = time.perf_counter()
+        self._seq = 0
+        self._nonce = 0
+        self.last_call_s = 0.0  # the parent's own clock around the last command
         try:
             self.process.start()
         finally:
             child_conn.close()
             out_w_conn.close()
+        if self.process.pid is not None:
+            _live_pids.add(self.process.pid)
+            if _template_pid is None:
+                _template_pid = leftovers.parent_of(self.process.pid)
         self.drain = _OutputDrain(out_r)
         self.drain.start()
         self._closed = False
@@ -177,11 +230,17 @@ class Child:
     def call(self, cmd: str, phase: str, payload: Any = None, **fields: Any) -> tuple[dict[str, Any], Any]:
         """Send a command and return its reply; raise ``ChildFailure`` if it does not come back."""
         self.phase = phase
+        self._seq += 1
+        self._nonce = secrets.randbits(63)
+        started = time.perf_counter()
         try:
-            protocol.send(self.conn, dict(fields, cmd=cmd), payload)
+            protocol.send(self.conn, dict(fields, cmd=cmd, seq=self._seq, nonce=self._nonce), payload)
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             self._raise_died()
-        return self._receive()
+        try:
+            return self._receive()
+        finally:
+            self.last_call_s = time.perf_counter() - started
 
     def _receive(self) -> tuple[dict[str, Any], Any]:
         remaining = self.deadline - time.monotonic()
@@ -195,9 +254,22 @@ class Child:
         except protocol.ProtocolError as exc:
             self.kill()
             raise ChildFailure("protocol", self.phase, f"sent a malformed message in phase '{self.phase}': {exc}", self.output()) from None
+        if header.get("seq") != self._seq or (self._seq and header.get("nonce") != self._nonce):
+            # the harness answers each command exactly once, echoing its number and nonce: anything
+            # else was written into the channel by someone else (or is a second answer)
+            self.kill()
+            raise ChildFailure(
+                "protocol",
+                self.phase,
+                f"a reply in phase '{self.phase}' does not answer the command sent (sequence {header.get('seq')!r}, "
+                f"expected {self._seq}): a forged or duplicated result on the channel",
+                self.output(),
+            )
         if not header.get("ok"):
             error = header.get("error") or {}
             message = f"{error.get('type', 'Error')}: {error.get('message', '')}"
+            if error.get("detected"):  # the child's own audit: the message names what it found
+                message = f"detected after the candidate ran in phase '{self.phase}': {error.get('message', '')}"
             raise ChildFailure("error", self.phase, message, self.output(), error)
         return header, payload
 
@@ -225,6 +297,9 @@ class Child:
         pid = self.process.pid
         if pid is None:
             return
+        # descendants first (detached ones included: the child is their subreaper), frozen then
+        # killed so a fork storm cannot outrun it; then the child's own process group
+        leftovers.kill_tree(pid)
         try:
             os.killpg(pid, signal.SIGKILL)  # the child and everything it started in its group
         except (ProcessLookupError, PermissionError):
@@ -234,6 +309,8 @@ class Child:
         except Exception:
             pass
         self.process.join(5)
+        _live_pids.discard(pid)
+        _kill_orphans()
 
     def close(self) -> None:
         """Ask the child to exit, make sure it did, and remove its working directory."""

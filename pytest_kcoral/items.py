@@ -87,4 +87,6 @@ def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
             props.append((f"kcoral_{name}", round(value, 4) if isinstance(value, float) else value))
     if result.baseline_correct is not None:
         props.append(("kcoral_baseline_correct", result.baseline_correct))
+    if result.suspicious:
+        props.append(("kcoral_suspicious", "; ".join(result.suspicious)))
     return props

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-from pytest_kcoral import correctness
+from pytest_kcoral import correctness, static_report
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
 from pytest_kcoral.isolation import Child, ChildFailure
@@ -79,8 +79,9 @@ def derive_seed(session_seed: int, *parts: Any) -> int:
 
 
 class LocalExecutor:
-    def __init__(self, settings: Settings, lease_factory: LeaseFactory, device_kind: str) -> None:
+    def __init__(self, settings: Settings, lease_factory: LeaseFactory, device_kind: str, sandbox: Any = None) -> None:
         self.settings = settings
+        self.sandbox = sandbox  # sandbox.Sandbox under --kcoral-sandbox: children run inside it
         self.lease_factory = lease_factory
         self.device_kind = device_kind  # "cpu" or "cuda": decides the child environment
         self._references: dict[tuple, ReferenceData] = {}
@@ -101,6 +102,7 @@ class LocalExecutor:
             attempt=cand.attempt,
         )
         started = time.monotonic()
+        result.suspicious = static_report.scan_file(cand.path)
         try:
             if shape.gpu_only and self.device_kind == "cpu":
                 raise ItemSkipped("shape is marked gpu_only and no GPU is visible")
@@ -143,7 +145,7 @@ class LocalExecutor:
         with contextlib.ExitStack() as stack:
             candidate = self._stage(
                 "compile",
-                lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name)),
+                lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name, self.sandbox)),
             )
             self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             result.compiled = True
@@ -154,7 +156,7 @@ class LocalExecutor:
 
             def trusted() -> Child:
                 if not trusted_box:
-                    trusted_box.append(stack.enter_context(Child("trusted", self._case_spec(case), self._child_env(), deadline, "reference")))
+                    trusted_box.append(stack.enter_context(Child("trusted", self._case_spec(case), self._child_env(), deadline, "reference", self.sandbox)))
                 return trusted_box[0]
 
             ref = self._reference_data(spec, device, trusted, tol)
@@ -162,9 +164,11 @@ class LocalExecutor:
             result.weak_reference = ref.weak
             self._check_correctness(spec, candidate, ref, device, tol, result)
             result.correct = True
-            if self.settings.mode == "correctness":
-                return
-            self._time(spec, candidate, trusted, device, tol, result)
+            if self.settings.mode != "correctness":
+                self._time(spec, candidate, trusted, device, tol, result)
+            # the last word: the child's audit runs once more, and a reply left over in the
+            # channel (a forged one answered a command before the genuine one) shows here
+            self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
 
     def _stage(self, stage: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -241,6 +245,10 @@ class LocalExecutor:
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
         if correctness.ignores_inputs(outputs, ref.reference):
             problems.insert(0, "the output does not depend on the inputs: every input set gave the same output, the reference's differ")
+        constant = correctness.constant_where_reference_varies(outputs, ref.reference, tol)
+        if constant:
+            weak = " (this case is weak: zeros or a constant match its reference within tolerance)" if ref.weak else ""
+            problems.insert(0, constant + weak)
         if problems:
             raise StageFailed("correctness", _one_screen(problems), "correctness")
 
@@ -251,6 +259,9 @@ class LocalExecutor:
         base_header, _ = self._trusted_call(trusted, "time_baseline", "baseline", verify=0, **common)
         header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=VERIFIED_TIMED_CALLS, **common))
         baseline_stats = TimingStats.from_dict(base_header["stats"])
+        impossible = implausible_stats(header["stats"], candidate.last_call_s)
+        if impossible:
+            raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing")
         candidate_stats = TimingStats.from_dict(header["stats"])
         result.baseline_timing = base_header["stats"]
         result.candidate_timing = header["stats"]
@@ -258,7 +269,10 @@ class LocalExecutor:
         result.t_candidate_us = candidate_stats.median_us if candidate_stats else None
         result.timer = candidate_stats.method if candidate_stats else None
         result.speedup = speedup_between(baseline_stats, candidate_stats)
+        if len(payload["verify"]) != min(VERIFIED_TIMED_CALLS, candidate_stats.n if candidate_stats else 0):
+            raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {VERIFIED_TIMED_CALLS} (results forged?)", "verify")
         self._verify_timed_outputs(trusted, payload["verify"], spec, device, tol)
+        self._check_floor(base_header.get("floor"), baseline_stats, candidate_stats, result)
         minimum = self.settings.min_speedup
         if minimum is not None:
             if result.speedup is None:
@@ -271,6 +285,24 @@ class LocalExecutor:
                     "timing",
                 )
 
+    def _check_floor(self, floor: dict | None, baseline: TimingStats | None, candidate: TimingStats | None, result: ItemResult) -> None:
+        """No time below bytes / peak bandwidth (``physical_floor``), when the case declares ``cost``."""
+        if not floor or candidate is None:
+            return
+        result.extra["physical_floor"] = floor
+        floor_us = float(floor["floor_us"])
+        if baseline is not None and baseline.median_us < floor_us:
+            # the baseline moves the bytes faster than the floor allows: the case's cost overstates them
+            result.extra["physical_floor_ignored"] = f"the baseline ({baseline.median_us:.3g} us) is below the floor: cost(shape) overstates the bytes"
+            return
+        if candidate.median_us < floor_us:
+            raise StageFailed(
+                "timing",
+                f"time below the physical floor: {candidate.median_us:.3g} us to move {floor['bytes']:.4g} bytes "
+                f"(cost(shape)) is faster than the floor {floor_us:.3g} us ({floor['how']})",
+                "timing",
+            )
+
     def _verify_timed_outputs(self, trusted: Callable[[], Child], verify: list[dict], spec: ItemSpec, device: str, tol: correctness.Tolerance) -> None:
         """The outputs of timed calls must be right too: no computing only while watched."""
         if not verify:
@@ -282,6 +314,33 @@ class LocalExecutor:
             problems += [f"timed call {n + 1}: {p}" for p in correctness.compare_outputs(entry["outputs"], expected, tol)]
         if problems:
             raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify")
+
+
+def implausible_stats(stats: dict[str, Any] | None, parent_wall_s: float) -> str | None:
+    """Why reported timing statistics cannot be true, checked against the parent's own clock.
+
+    Every timed call runs inside the ``time`` command, so the timed calls together cannot take longer
+    than the parent saw the command take: at least half of the ``n`` samples are >= the median and
+    every one is >= the minimum. Values must be finite, non-negative and ordered.
+    """
+    if not isinstance(stats, dict):
+        return "no statistics"
+    try:
+        n = int(stats["n"])
+        median_us, min_us, iqr_us = float(stats["median_us"]), float(stats["min_us"]), float(stats.get("iqr_us", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return "malformed statistics"
+    values = [median_us, min_us, iqr_us]
+    if n < 1 or any(not (v == v and 0.0 <= v < float("inf")) for v in values):
+        return f"n={n}, median {median_us} us, min {min_us} us, iqr {iqr_us} us are not finite non-negative numbers"
+    if min_us > median_us:
+        return f"the minimum {min_us:.3g} us exceeds the median {median_us:.3g} us"
+    wall_us = parent_wall_s * 1e6
+    lower_bound_us = max(n * min_us, (n + 1) // 2 * median_us)
+    if lower_bound_us > wall_us:
+        return (f"{n} samples with median {median_us:.3g} us and minimum {min_us:.3g} us need at least {lower_bound_us / 1e6:.3g} s, "
+                f"but the whole timing command took {parent_wall_s:.3g} s by the parent's clock")
+    return None
 
 
 def _one_screen(lines: list[str], limit: int = 12) -> str:

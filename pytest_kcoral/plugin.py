@@ -37,7 +37,14 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     # xdist workers must generate the same inputs as each other: the controller draws the seed.
     seed = workerinput.get("kcoral_seed") if workerinput else None
-    config.stash[settings_key] = Settings.from_config(config, seed=seed)
+    settings = config.stash[settings_key] = Settings.from_config(config, seed=seed)
+    if settings.sandbox:
+        from pytest_kcoral.sandbox import SandboxUnavailable, find_bwrap
+
+        try:
+            find_bwrap()  # a missing or broken bwrap stops the session here, never a silent fallback
+        except SandboxUnavailable as exc:
+            raise pytest.UsageError(str(exc)) from None
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     from pytest_kcoral.session import KcoralSession
@@ -79,7 +86,16 @@ def get_executor(config: pytest.Config) -> Any:
         from pytest_kcoral.pipeline import LocalExecutor
 
         device_kind = "cuda" if shutil.which("nvidia-smi") else "cpu"
-        executor = LocalExecutor(config.stash[settings_key], _single_device_lease, device_kind)
+        settings = config.stash[settings_key]
+        sandbox = None
+        if settings.sandbox:
+            from pytest_kcoral import isolation
+            from pytest_kcoral.sandbox import Sandbox
+
+            sandbox = Sandbox(readonly=[config.rootpath, *settings.submissions], gpu=device_kind == "cuda")
+            config.add_cleanup(sandbox.close)
+            config.add_cleanup(isolation.stop_template)  # runs first: the template lives in the sandbox
+        executor = LocalExecutor(settings, _single_device_lease, device_kind, sandbox)
         config.stash[executor_key] = executor
     return executor
 

@@ -81,7 +81,7 @@ def test_declared_tolerance_overrides_the_dtype_default(make_case, run_kcoral):
 
 
 def test_comparison_happens_outside_the_candidate_process(make_case, run_kcoral):
-    # patching torch's comparison functions inside the candidate changes nothing
+    # patching torch's comparison functions inside the candidate changes nothing (and is detected)
     src = (
         "import torch\n"
         "torch.allclose = lambda *a, **k: True\n"
@@ -92,4 +92,4 @@ def test_comparison_happens_outside_the_candidate_process(make_case, run_kcoral)
     make_case("cases/add", CASE_WITH_INPLACE, {"patcher": src})
     result = run_kcoral("--kcoral-mode", "correctness")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*outside atol*"])
+    result.stdout.fnmatch_lines(["*replaced functions the harness relies on*torch.allclose*"])

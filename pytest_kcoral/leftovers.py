@@ -1,0 +1,171 @@
+"""What a candidate leaves behind: threads, processes and sockets still alive after a call returns.
+
+Work left in a background thread or a detached process after ``run`` returns is work the timer
+never saw, so an item whose candidate leaves any fails. The child takes a ``Baseline`` after the
+harness's own start-up and before the candidate loads; after every candidate command it asks
+``find`` what is new. Processes are found through ``/proc`` (no psutil in a child): the child is a
+*subreaper* (``PR_SET_CHILD_SUBREAPER``), so a grandchild that detaches itself (``setsid`` and a
+double fork) is re-parented to the child instead of to init and stays among its descendants.
+
+``kill_tree`` is what both sides use to end a process tree that may still be forking: it stops
+every descendant with SIGSTOP until no new one appears, then kills them all, so a fork storm
+cannot outrun it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+PR_SET_CHILD_SUBREAPER = 36
+
+# How long a thread the candidate started may take to finish after its call returned.
+THREAD_GRACE_S = 0.2
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process are re-parented to it (Linux); False elsewhere."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: the fields follow its last ')'
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def _state_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2 :].split()[0].decode()
+    except (OSError, IndexError):
+        return "?"
+
+
+def describe(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmdline = ""
+    return f"pid {pid} ({cmdline[:120] or '?'})"
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (its children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            ppid = parent_of(int(name))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def kill_tree(root: int, include_root: bool = False, rounds: int = 50) -> list[int]:
+    """Freeze every descendant of ``root`` until none is new, then kill them; returns their pids."""
+    frozen: set[int] = set()
+    for _ in range(rounds):
+        new = [p for p in descendants(root) if p not in frozen]
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+            frozen.add(pid)
+    targets = sorted(frozen) + ([root] if include_root else [])
+    for pid in targets:
+        _signal(pid, signal.SIGKILL)
+    return sorted(frozen)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def reap() -> None:
+    """Collect exited children (a subreaper inherits zombies that nobody else will wait for)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _socket_inodes() -> set[str]:
+    inodes = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return inodes
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            inodes.add(target)
+    return inodes
+
+
+@dataclass
+class Baseline:
+    """What the harness itself has running before the candidate loads."""
+
+    threads: set[int] = field(default_factory=set)
+    sockets: set[str] = field(default_factory=set)
+
+    @classmethod
+    def take(cls) -> Baseline:
+        return cls({t.ident for t in threading.enumerate() if t.ident is not None}, _socket_inodes())
+
+    def find(self, grace_s: float = THREAD_GRACE_S) -> list[str]:
+        """Sentences naming each thread, process and socket left behind since the baseline.
+
+        Processes found are killed (they are the candidate's, and nothing should outlive a call).
+        """
+        problems = []
+        deadline = time.monotonic() + grace_s
+        threads = self._new_threads()
+        while threads and time.monotonic() < deadline:
+            threads[0].join(max(0.0, deadline - time.monotonic()))
+            threads = self._new_threads()
+        for t in threads:
+            problems.append(f"left a thread running after returning: {t.name!r} (daemon={t.daemon})")
+        reap()
+        pids = [p for p in descendants(os.getpid()) if _state_of(p) != "Z"]
+        if pids:
+            names = [describe(p) for p in pids]
+            kill_tree(os.getpid())
+            reap()
+            problems.append(f"left {len(pids)} process(es) running after returning: " + ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
+        sockets = _socket_inodes() - self.sockets
+        if sockets:
+            problems.append(f"left {len(sockets)} socket(s) open after returning")
+        return problems
+
+    def _new_threads(self) -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.ident not in self.threads and t.is_alive()]

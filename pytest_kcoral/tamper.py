@@ -1,0 +1,107 @@
+"""Tampering: the functions the harness and the timers rely on, replaced by candidate code.
+
+The timers hold references taken before the candidate loads (``timing.prepare``), so replacing
+``time.perf_counter`` or ``torch.cuda.synchronize`` does not fool them; but a candidate that tries
+has shown its intent, and one that patches the harness's own modules (``pytest_kcoral.*``) could
+fool the checks that run in its process. ``Snapshot.take()`` records the identity of every watched
+attribute before the candidate loads; ``changed()`` names those that are no longer the same object.
+Attributes added later (torch sets some lazily) are not changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+# (module, attribute names or None for every attribute in the module's namespace)
+_WATCHED_MODULES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("time", ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "process_time", "sleep")),
+    ("gc", ("collect", "get_objects")),
+    ("torch", ("allclose", "isclose", "equal", "eq", "testing", "manual_seed", "randn", "rand", "empty", "empty_like", "full", "save", "load")),
+    ("torch.testing", ("assert_close",)),
+    ("torch.cuda", ("synchronize", "Event", "Stream", "current_stream", "default_stream", "set_device", "is_available")),
+    ("torch.random", ("manual_seed", "get_rng_state", "set_rng_state")),
+    ("torch._C", ("_cuda_synchronize", "_CudaEventBase")),
+    ("multiprocessing.connection", ("Connection",)),
+    ("json", ("dumps", "loads")),
+    ("threading", ("enumerate", "Thread")),
+    ("os", ("kill", "killpg", "waitpid", "write", "_exit", "listdir", "readlink", "getpid")),
+)
+
+# Classes whose methods the harness calls on live objects.
+_WATCHED_CLASSES: tuple[tuple[str, str], ...] = (
+    ("torch", "Tensor"),
+    ("torch._C", "TensorBase"),
+    ("torch.cuda", "Event"),
+    ("multiprocessing.connection", "Connection"),
+)
+
+
+def _harness_modules() -> list[str]:
+    return [name for name in sys.modules if name == "pytest_kcoral" or name.startswith("pytest_kcoral.")]
+
+
+@dataclass
+class Snapshot:
+    ids: dict[str, int] = field(default_factory=dict)
+    # keep the objects alive so an id is never reused by a replacement
+    _objects: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def take(cls) -> Snapshot:
+        snap = cls()
+        for module_name, names in _WATCHED_MODULES:
+            module = sys.modules.get(module_name)
+            if module is not None:
+                snap._watch(module_name, module, names)
+        for module_name in _harness_modules():
+            snap._watch(module_name, sys.modules[module_name], None)
+        for module_name, class_name in _WATCHED_CLASSES:
+            cls_obj = getattr(sys.modules.get(module_name), class_name, None)
+            if isinstance(cls_obj, type):
+                for name, value in list(vars(cls_obj).items()):
+                    snap._record(f"{module_name}.{class_name}.{name}", value)
+        return snap
+
+    def _watch(self, module_name: str, module: Any, names: tuple[str, ...] | None) -> None:
+        namespace = vars(module)
+        for name in names if names is not None else list(namespace):
+            if name not in namespace:
+                continue
+            # in the harness's own modules, state still unset (None) may be filled in lazily
+            if names is None and (name.startswith("__") or namespace[name] is None):
+                continue
+            self._record(f"{module_name}.{name}", namespace[name])
+
+    def _record(self, key: str, value: Any) -> None:
+        self.ids[key] = id(value)
+        self._objects.append(value)
+
+    def changed(self) -> list[str]:
+        """Watched names now bound to a different object (or deleted)."""
+        problems = []
+        missing = object()  # fresh, so it can be found in no namespace
+        for key, ident in self.ids.items():
+            current = _lookup(key, missing)
+            if current is missing or id(current) != ident:
+                problems.append(key)
+        return problems
+
+
+def _lookup(key: str, missing: Any) -> Any:
+    # the longest prefix that is a loaded module, then attributes (class namespaces, not getattr,
+    # so inherited or descriptor-made values are not mistaken for replacements)
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        obj: Any = module
+        for name in parts[cut:]:
+            namespace = vars(obj) if hasattr(obj, "__dict__") else {}
+            if name not in namespace:
+                return missing
+            obj = namespace[name]
+        return obj
+    return missing

@@ -1,0 +1,352 @@
+"""SPEC section 9 on a CPU: each attack, run through the real pipeline against a real case, fails
+its item (or earns no speedup credit) with a message naming what was detected.
+
+The GPU-only attacks are in ``test_attacks_gpu.py``; the all-at-once session in
+``test_attack_session.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import attacks
+import pytest
+
+CORRECTNESS = ("--kcoral-mode", "correctness", "-m", "seen")
+FULL = ("-m", "seen")
+
+
+def _grade(make_case, run_kcoral, source: str, *args: str, case: str | None = None) -> pytest.RunResult:
+    if case is None:
+        make_case("cases/add", candidates={"attack": source})
+    else:
+        make_case("cases/add", case, {"attack": source})
+    return run_kcoral(*args)
+
+
+def _marker_processes(marker: str = attacks.MARKER) -> list[str]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(f"{name}: {cmdline!r}")
+    return found
+
+
+def _no_marker_processes(marker: str, timeout_s: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _marker_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # SIGKILLed processes may take a moment to be reaped
+    return left
+
+
+# 2 ---------------------------------------------------------------------------------------------
+
+def test_background_thread_left_working_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.BACKGROUND_THREAD, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: detected after the candidate ran in phase 'correctness': "
+                                 "left a thread running after returning: 'late-worker'*"])
+
+
+def test_detached_processes_are_found_killed_and_fail(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.DETACHED_PROCESS, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines([f"*kcoral correctness failed: detected after the candidate ran in phase 'correctness': "
+                                 f"left * process(es) running after returning: pid * ({attacks.MARKER}-detached 60)*"])
+    assert not _no_marker_processes(attacks.MARKER + "-detached"), "a detached process outlived its item"
+
+
+def test_detached_process_of_a_child_that_exits_is_killed(make_case, run_kcoral):
+    # the child exits before the audit: its orphans land at the template (a subreaper) and die there
+    src = attacks.DETACHED_PROCESS.replace("    return a + b", "    os._exit(0)").replace("-detached", "-detached-exit")
+    result = _grade(make_case, run_kcoral, src, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*exited with status 0 in phase 'correctness' before replying*"])
+    assert not _no_marker_processes(attacks.MARKER + "-detached-exit"), "a detached process outlived its item"
+
+
+# 3 ---------------------------------------------------------------------------------------------
+
+def test_tensor_subclass_output_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.TENSOR_SUBCLASS, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*output 0 is a kcoral_candidate.Lazy, not a plain torch.Tensor (subclasses and lazy objects are refused)*"])
+
+
+# 4 ---------------------------------------------------------------------------------------------
+
+def test_patching_perf_counter_is_detected(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.PATCH_PERF_COUNTER, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': detected after the candidate ran in phase 'import': "
+                                 "replaced functions the harness relies on (timers, synchronization, comparison or the harness itself): time.perf_counter*"])
+
+
+def test_patching_the_harness_clock_is_detected(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.PATCH_HARNESS_CLOCK, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: detected after the candidate ran in phase 'correctness': "
+                                 "replaced functions the harness relies on*pytest_kcoral.timing._perf_counter*"])
+
+
+# 5 ---------------------------------------------------------------------------------------------
+
+def test_patching_comparison_functions_changes_nothing(make_case, run_kcoral):
+    # patched and restored inside the call: the comparison runs in the pytest process anyway
+    result = _grade(make_case, run_kcoral, attacks.PATCH_COMPARISON_AND_RESTORE, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: trial 1 of 3: output 0: * of 256 elements * outside atol 0.0001 + rtol 0.0001 x |ref|*"])
+
+
+# 6 ---------------------------------------------------------------------------------------------
+
+def test_reading_expected_outputs_from_memory_finds_nothing(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.READ_EXPECTED_FROM_MEMORY, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: *trial 1 of 3: output 0: * of 256 elements * outside atol*"])
+
+
+# 7 ---------------------------------------------------------------------------------------------
+
+def test_stale_memory_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.STALE_MEMORY, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    out = result.stdout.str()
+    # poisoned memory reads back as NaN; where the allocator hands back other memory, stale values
+    assert ("elements are NaN/Inf where the reference is finite" in out) or ("outside atol" in out), out
+
+
+# 8 ---------------------------------------------------------------------------------------------
+
+def test_mutating_inputs_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.MUTATE_INPUTS, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*trial 1 of 3: input 0 was modified (* bytes changed); only inputs listed in INPLACE may be written*"])
+
+
+# 9 ---------------------------------------------------------------------------------------------
+
+def test_cache_by_pointer_fails_on_the_timed_calls(make_case, run_kcoral):
+    # correctness inputs live side by side (fresh pointers); timed inputs are refreshed in place
+    result = _grade(make_case, run_kcoral, attacks.CACHE_BY_POINTER, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral timing failed in phase 'verify': the outputs of timed calls are wrong (correct only while checked?)*",
+                                 "*timed call 1: output 0: * outside atol*"])
+
+
+def test_cache_by_shape_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.CACHE_BY_SHAPE, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: the output does not depend on the inputs: every input set gave the same output, the reference's differ*"])
+
+
+# 10 --------------------------------------------------------------------------------------------
+
+def test_compute_once_and_skip_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.COMPUTE_ONCE, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: the output does not depend on the inputs*"])
+
+
+# 11 --------------------------------------------------------------------------------------------
+
+def test_predicting_the_seed_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.PREDICT_SEED, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    # no seed it can see made the inputs; its fallback guess is the same for every input set
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: the output does not depend on the inputs*", "*trial 1 of 3: output 0: * outside atol*"])
+
+
+# 12 --------------------------------------------------------------------------------------------
+
+WEAK_CASE = """
+import torch
+SEEN = [{"n": 256}]
+UNSEEN = [{"n": 257}]
+ATOL = 1e-3
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return (a + b) * 1e-4       # every element within ATOL of zero: zeros would pass
+"""
+
+
+def test_zeros_on_a_weak_case_fail(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.ZEROS, *CORRECTNESS, case=WEAK_CASE)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: trial 1: output 0 is the constant 0 in every element while the reference's "
+                                 "* distinct values range over * (near-zero or constant output) (this case is weak: zeros or a constant match its reference within tolerance)*"])
+
+
+def test_honest_candidate_on_a_weak_case_passes(make_case, run_kcoral):
+    make_case("cases/add", WEAK_CASE, {"honest": "def run(a, b):\n    return (a + b) * 1e-4\n"})
+    run_kcoral(*CORRECTNESS).assert_outcomes(passed=1, deselected=1)
+
+
+def test_zeros_on_a_strong_case_fail(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.ZEROS, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: trial 1: output 0 is the constant 0 in every element*"])
+
+
+# 13 --------------------------------------------------------------------------------------------
+
+def test_special_casing_seen_shapes_fails_unseen(make_case, run_kcoral):
+    make_case("cases/add", candidates={"attack": attacks.SEEN_SHAPES_ONLY})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAILED cases/add::attack?unseen-n=257? - kcoral correctness failed*"])
+    result.stdout.fnmatch_lines(["cases/add::attack *yes *yes *- *0/1 *"])  # seen: yes, unseen: 0 of 1
+
+
+# 15 --------------------------------------------------------------------------------------------
+
+def test_honest_only_while_checked_fails_on_the_timed_calls(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.HONEST_ONLY_AT_FIRST, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral timing failed in phase 'verify': the outputs of timed calls are wrong (correct only while checked?)*"])
+
+
+# 16 --------------------------------------------------------------------------------------------
+
+FLOOR_CASE = """
+import time, torch
+SEEN = [{"n": 256}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+
+def baseline(a, b):
+    time.sleep(0.02)            # a slow baseline: above any floor below
+    return a + b
+
+def cost(shape):
+    return {"flops": shape["n"], "bytes": 1e9}   # claims a gigabyte: no CPU moves it in microseconds
+"""
+
+
+def test_time_below_the_physical_floor_fails(make_case, run_kcoral):
+    make_case("cases/add", FLOOR_CASE, {"fast": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*kcoral timing failed: time below the physical floor: * us to move 1e+09 bytes (cost(shape)) is faster than the floor * us (CPU: *"])
+
+
+def test_floor_is_ignored_when_the_baseline_is_below_it(make_case, run_kcoral):
+    # the case overstates its bytes (the baseline, trusted, beats the floor): no verdict from it
+    make_case("cases/add", FLOOR_CASE.replace("    time.sleep(0.02)", "    pass"), {"fast": "def run(a, b):\n    return a + b\n"})
+    run_kcoral().assert_outcomes(passed=1)
+
+
+def test_honest_case_with_cost_passes(make_case, run_kcoral):
+    honest_cost = FLOOR_CASE.replace('"bytes": 1e9', '"bytes": 3 * 4 * shape["n"]').replace("    time.sleep(0.02)\n", "")
+    make_case("cases/add", honest_cost, {"fast": "def run(a, b):\n    return a + b\n"})
+    run_kcoral().assert_outcomes(passed=1)
+
+
+# 18 --------------------------------------------------------------------------------------------
+
+def test_shadowing_modules_changes_nothing(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.SHADOW_MODULES, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: trial 1 of 3: output 0: * outside atol*"])
+
+
+# 19 --------------------------------------------------------------------------------------------
+
+def test_os_exit_zero_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.OS_EXIT_ZERO, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: exited with status 0 in phase 'correctness' before replying*"])
+
+
+def test_sys_exit_zero_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.SYS_EXIT_ZERO, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: SystemExit: called sys.exit(0)*"])
+
+
+# 20 --------------------------------------------------------------------------------------------
+
+def test_printed_fake_result_is_ignored(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.PRINT_FAKE_RESULT, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: trial 1: output 0 is the constant 0 in every element*"])
+
+
+def test_forged_reply_on_the_channel_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.FORGED_REPLY, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: a reply in phase 'correctness' does not answer the command sent "
+                                 "(sequence None, expected *): a forged or duplicated result on the channel*"])
+
+
+def test_forged_reply_with_the_right_nonce_is_caught_as_a_duplicate(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.FORGED_REPLY_WITH_NONCE, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed in phase 'finish': a reply in phase 'finish' does not answer the command sent "
+                                 "(sequence 2, expected 3): a forged or duplicated result on the channel*"])
+
+
+def test_forged_reply_is_caught_before_timing_results_count(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.FORGED_REPLY_WITH_NONCE, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral timing failed: a reply in phase 'timing' does not answer the command sent*forged or duplicated*"])
+
+
+# 21 --------------------------------------------------------------------------------------------
+
+def test_secret_seed_and_reference_are_out_of_reach(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.READ_SECRETS, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    # had it found the seed it would have returned the right answer; it fell back to zeros
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: trial 1: output 0 is the constant 0 in every element*"])
+
+
+# 22 --------------------------------------------------------------------------------------------
+
+def test_segfault_fails_its_item_and_the_next_runs(make_case, run_kcoral):
+    make_case("cases/add", candidates={"attack": attacks.SEGFAULT, "z_good": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral(*CORRECTNESS)
+    result.assert_outcomes(failed=1, passed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: crashed with SIGSEGV in phase 'correctness'*"])
+
+
+def test_out_of_memory_fails_its_item(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.OUT_OF_MEMORY, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: RuntimeError: *can't allocate memory*"])
+
+
+def test_hang_times_out(make_case, run_kcoral):
+    started = time.monotonic()
+    result = _grade(make_case, run_kcoral, attacks.HANG, *CORRECTNESS, "--kcoral-timeout", "3")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: timed out in phase 'correctness' (item timeout reached)*"])
+    assert time.monotonic() - started < 20
+
+
+def test_fork_storm_is_stopped_and_fails(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.FORK_STORM, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: detected after the candidate ran in phase 'correctness': left * process(es) running after returning*"])
+    assert not _no_marker_processes(attacks.MARKER + "-storm"), "a process of the storm outlived its item"
+
+
+# honest candidates never trip a check ---------------------------------------------------------
+
+def test_honest_candidate_passes_every_check(make_case, run_kcoral):
+    make_case("cases/add", candidates={"honest": "import torch\ndef run(a, b):\n    return torch.add(a, b)\n"})
+    run_kcoral().assert_outcomes(passed=2)
