@@ -266,10 +266,11 @@ class _Runner:
             nonlocal seen_samples
             seen_samples += 1
             # reservoir sample of the timed calls: any one of them may be the one checked
+            # a copy: a kernel that writes into one preallocated output overwrites it at the next call
             if len(kept) < keep:
-                kept.append({"seed": seeds[k], "out": out})
+                kept.append({"seed": seeds[k], "out": _clone_outputs(out)})
             elif _rng.random() < keep / seen_samples:
-                kept[_rng.randrange(keep)] = {"seed": seeds[k], "out": out}
+                kept[_rng.randrange(keep)] = {"seed": seeds[k], "out": _clone_outputs(out)}
 
         stats = timing.measure(
             lambda k: fns[k](),
@@ -298,6 +299,13 @@ def _as_tuple(out: Any) -> tuple:
 
 def _clone(args: tuple) -> tuple:
     return tuple(a.clone() if hasattr(a, "clone") else a for a in args)
+
+
+def _clone_outputs(out: Any) -> Any:
+    """A copy of a call's outputs (subclasses keep their type, so the later checks still see it)."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(v.clone() if hasattr(v, "clone") else v for v in out)
+    return out.clone() if hasattr(out, "clone") else out
 
 
 def _to_cpu(values: tuple) -> tuple:

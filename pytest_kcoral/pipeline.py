@@ -136,8 +136,13 @@ class LocalExecutor:
         }
 
     def _child_env(self) -> dict[str, str]:
-        # On a CPU, Triton kernels run through its interpreter.
-        return {"TRITON_INTERPRET": "1"} if self.device_kind == "cpu" else {}
+        # torch.compile compiles in this process rather than in a pool of workers that would outlive
+        # the call (and count as processes left behind). On a CPU, Triton kernels run through its
+        # interpreter.
+        env = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+        if self.device_kind == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        return env
 
     def _run_stages(self, spec: ItemSpec, result: ItemResult, deadline: float) -> None:
         case, shape = spec.case, spec.shape

@@ -7,8 +7,9 @@ under ``bwrap`` and every child inherits its sandbox:
 - one writable directory, the session's *workspace*, bound at the same path, where the parent
   creates each child's private working directory; the case tree (the rootdir and the submission
   folders) is bound read-only over the fresh ``/tmp`` when it lives there;
-- no network (``--unshare-net``), no shared IPC, a new terminal session, and the sandbox dies with
-  the pytest process;
+- no network (``--unshare-net``), no shared IPC, a new terminal session, no capabilities (even when
+  pytest runs as root, so no reading other processes' memory through ``CAP_SYS_PTRACE``), and the
+  sandbox dies with the pytest process;
 - ``/dev/nvidia*`` only when the session grades on a GPU. The template is shared by every item, so
   the device nodes are there for the children of the compile stage too (they get no lease, and
   CUDA is not initialized before the lease picks the device); per-item device nodes would need a
@@ -46,6 +47,7 @@ def bwrap_arguments(workspace: Path, readonly: Iterable[Path], gpu: bool) -> lis
         "--unshare-uts",
         "--new-session",
         "--die-with-parent",
+        "--cap-drop", "ALL",
     ]
     for path in readonly:
         path = Path(path).resolve()

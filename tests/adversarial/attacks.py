@@ -246,6 +246,24 @@ def run(a, b):
     return a + b
 """
 
+# a forger of the timing reply: claims a million samples of 5 us in a command that took far less
+FORGED_TIMING = """
+import gc, inspect
+from multiprocessing.connection import Connection
+from pytest_kcoral import protocol
+def run(a, b):
+    frame = inspect.currentframe()
+    while frame is not None:
+        h = frame.f_locals.get("header")
+        if isinstance(h, dict) and h.get("cmd") == "time" and not h.get("_forged"):
+            h["_forged"] = True
+            stats = {"method": "wall", "median_us": 5.0, "iqr_us": 0.0, "min_us": 5.0, "n": 1_000_000, "rse": 0.0, "flags": []}
+            for conn in [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed and o.writable]:
+                protocol.send(conn, {"ok": True, "seq": h["seq"], "nonce": h["nonce"], "stats": stats, "verify_seeds": []}, {"verify": []})
+        frame = frame.f_back
+    return a + b
+"""
+
 # 21. reading the secret seed or the reference cache from the environment, memory or disk
 READ_SECRETS = """
 import gc, os, re, tempfile, torch
@@ -357,6 +375,7 @@ ALL_CPU = {
     "print_fake_result": PRINT_FAKE_RESULT,
     "forged_reply": FORGED_REPLY,
     "forged_reply_with_nonce": FORGED_REPLY_WITH_NONCE,
+    "forged_timing": FORGED_TIMING,
     "read_secrets": READ_SECRETS,
     "segfault": SEGFAULT,
     "out_of_memory": OUT_OF_MEMORY,

@@ -306,6 +306,36 @@ def test_forged_reply_is_caught_before_timing_results_count(make_case, run_kcora
     result.stdout.fnmatch_lines(["*kcoral timing failed: a reply in phase 'timing' does not answer the command sent*forged or duplicated*"])
 
 
+def test_forged_timing_statistics_are_checked_against_the_parents_clock(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.FORGED_TIMING, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral timing failed: the candidate's timing statistics are impossible: 1000000 samples with median 5 us and minimum 5 us "
+                                 "need at least 5 s, but the whole timing command took * s by the parent's clock (timers patched or results forged?)*"])
+
+
+@pytest.mark.parametrize(
+    ("stats", "wall_s", "reason"),
+    [
+        ({"n": 10, "median_us": float("nan"), "min_us": 1.0}, 1.0, "not finite non-negative"),
+        ({"n": 10, "median_us": -1.0, "min_us": -2.0}, 1.0, "not finite non-negative"),
+        ({"n": 0, "median_us": 1.0, "min_us": 1.0}, 1.0, "not finite non-negative"),
+        ({"n": 10, "median_us": 1.0, "min_us": 2.0}, 1.0, "exceeds the median"),
+        ({"n": 1000, "median_us": 3000.0, "min_us": 1.0}, 1.0, "by the parent's clock"),
+        ({"n": 3, "median_us": "x", "min_us": 1.0}, 1.0, "malformed"),
+    ],
+)
+def test_implausible_statistics_are_named(stats, wall_s, reason):
+    from pytest_kcoral.pipeline import implausible_stats
+
+    assert reason in (implausible_stats(stats, wall_s) or "")
+
+
+def test_plausible_statistics_pass():
+    from pytest_kcoral.pipeline import implausible_stats
+
+    assert implausible_stats({"n": 1000, "median_us": 400.0, "min_us": 300.0, "iqr_us": 5.0}, 0.5) is None
+
+
 # 21 --------------------------------------------------------------------------------------------
 
 def test_secret_seed_and_reference_are_out_of_reach(make_case, run_kcoral):
@@ -349,4 +379,19 @@ def test_fork_storm_is_stopped_and_fails(make_case, run_kcoral):
 
 def test_honest_candidate_passes_every_check(make_case, run_kcoral):
     make_case("cases/add", candidates={"honest": "import torch\ndef run(a, b):\n    return torch.add(a, b)\n"})
+    run_kcoral().assert_outcomes(passed=2)
+
+
+def test_honest_torch_compile_candidate_passes(make_case, run_kcoral):
+    # inductor compiles in-process in a child (no worker pool left behind), and importing
+    # torch._dynamo rewrapping torch functions is not tampering
+    src = "import torch\n@torch.compile\ndef _add(a, b):\n    return a + b\ndef run(a, b):\n    return _add(a, b)\n"
+    make_case("cases/add", candidates={"compiled": src})
+    run_kcoral("-m", "seen").assert_outcomes(passed=1, deselected=1)
+
+
+def test_honest_prepare_with_a_preallocated_output_passes(make_case, run_kcoral):
+    # the verified timed outputs are copies: a buffer reused by the next call is no finding
+    src = "import torch\ndef prepare(a, b):\n    out = torch.empty_like(a)\n    return lambda: torch.add(a, b, out=out)\n"
+    make_case("cases/add", candidates={"honest": src})
     run_kcoral().assert_outcomes(passed=2)

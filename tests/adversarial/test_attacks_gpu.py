@@ -1,0 +1,131 @@
+"""SPEC section 9 attacks that need a GPU: side streams, persisting L2, host compute plus copy,
+and patching CUDA events and synchronization. They skip with a reason on a machine without CUDA;
+the lead runs them on the H200 (``python -m pytest tests/adversarial/test_attacks_gpu.py -v``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the attack works on CUDA streams, events or L2)"),
+]
+
+# memory-bound and large enough that skipping the work would show as a large speedup
+GPU_CASE = """
+import torch
+SEEN = [{"n": 1 << 26}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+
+def cost(shape):
+    return {"flops": shape["n"], "bytes": 3 * 4 * shape["n"]}
+"""
+
+SIDE_STREAM = """
+import torch
+_side = None
+def run(a, b):
+    global _side
+    if _side is None:
+        _side = torch.cuda.Stream()
+    out = torch.empty_like(a)
+    with torch.cuda.stream(_side):       # the work, on another stream, not waited for
+        for _ in range(20):
+            torch.add(a, b, out=out)
+    return out
+"""
+
+HOST_COMPUTE = """
+def run(a, b):
+    return (a.cpu() + b.cpu()).to(a.device)   # computed on the host, copied back
+"""
+
+PATCH_SYNC_AND_EVENTS = """
+import torch
+class FakeEvent:
+    def __init__(self, *a, **k): pass
+    def record(self, *a, **k): pass
+    def synchronize(self): pass
+    def elapsed_time(self, other): return 1e-6
+torch.cuda.synchronize = lambda *a, **k: None
+torch.cuda.Event = FakeEvent
+def run(a, b):
+    return a + b
+"""
+
+PERSISTING_L2 = """
+import torch
+try:
+    from cuda.bindings import runtime as cudart
+except ImportError:
+    from cuda import cudart
+_set = False
+def run(a, b):
+    global _set
+    if not _set:
+        _set = True
+        prop = torch.cuda.get_device_properties(a.device)
+        limit = getattr(prop, "persisting_l2_cache_max_size", 0) or (prop.L2_cache_size * 3 // 4)
+        cudart.cudaDeviceSetLimit(cudart.cudaLimit.cudaLimitPersistingL2CacheSize, limit)
+        attr = cudart.cudaStreamAttrValue()
+        window = attr.accessPolicyWindow
+        window.base_ptr = a.data_ptr()
+        window.num_bytes = min(a.numel() * a.element_size(), limit)
+        window.hitRatio = 1.0
+        window.hitProp = cudart.cudaAccessProperty.cudaAccessPropertyPersisting
+        window.missProp = cudart.cudaAccessProperty.cudaAccessPropertyStreaming
+        cudart.cudaStreamSetAttribute(torch.cuda.current_stream().cuda_stream,
+                                      cudart.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, attr)
+    return a + b
+"""
+
+
+def _items(pytester):
+    return {it["candidate"]: it for it in json.loads((pytester.path / "out.json").read_text())["items"]}
+
+
+def test_side_stream_work_is_timed(make_case, run_kcoral, pytester):
+    make_case("cases/add", GPU_CASE, {"side_stream": SIDE_STREAM})
+    result = run_kcoral("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1)
+    item = _items(pytester)["side_stream"]
+    # 20 adds on the side stream are inside the window (device-wide synchronize): far slower than one
+    assert item["speedup"] < 0.5, item
+    assert any(".Stream" in s for s in item["suspicious"]), item["suspicious"]
+
+
+def test_host_compute_and_copy_is_timed_by_the_host_clock(make_case, run_kcoral, pytester):
+    make_case("cases/add", GPU_CASE, {"host": HOST_COMPUTE})
+    result = run_kcoral("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1)
+    item = _items(pytester)["host"]
+    assert item["speedup"] < 0.5, item
+    # the host work is inside every call's time: the GPU span alone would have shown a tiny copy
+    assert item["candidate_timing"]["host_bound"] or item["speedup"] < 0.2, item["candidate_timing"]
+
+
+def test_patching_cuda_events_and_synchronize_is_detected(make_case, run_kcoral):
+    make_case("cases/add", GPU_CASE, {"patcher": PATCH_SYNC_AND_EVENTS})
+    result = run_kcoral()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': detected after the candidate ran in phase 'import': "
+                                 "replaced functions the harness relies on*torch.cuda.synchronize*"])
+
+
+def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral, pytester):
+    pytest.importorskip("cuda.bindings", reason="the attack needs cuda-python (cuda-bindings) to set an access policy window")
+    make_case("cases/add", GPU_CASE, {"persist": PERSISTING_L2, "plain": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2)
+    items = _items(pytester)
+    assert "persisting_l2_reset" in items["persist"]["candidate_timing"]["flags"], items["persist"]["candidate_timing"]["flags"]
+    # no better than the same kernel without the persisting window
+    assert items["persist"]["speedup"] < items["plain"]["speedup"] * 1.15, (items["persist"]["speedup"], items["plain"]["speedup"])
