@@ -89,6 +89,8 @@ def scan_source(source: str, filename: str = "<candidate>") -> list[str]:
             note(node, f".{node.attr}", _ATTRIBUTES[node.attr])
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _BUILTINS:
             note(node, f"{node.func.id}()", _BUILTINS[node.func.id])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("reference", "baseline"):
+            note(node, f"{node.func.id}()", _ATTRIBUTES[node.func.id])
         elif isinstance(node, ast.Assign):
             # assigning to an attribute of an imported module is monkeypatching (torch.x = ...)
             for target in node.targets:

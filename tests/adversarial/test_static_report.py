@@ -24,9 +24,10 @@ def test_streams_threads_ctypes_and_monkeypatching_are_reported():
         "time.perf_counter = lambda: 0.0\n"
         "setattr(torch, 'allclose', None)\n"
         "from case import reference\n"
+        "def run(a, b):\n    return reference(a, b)\n"
     )
     text = "\n".join(scan_source(src))
-    for expected in ("import threading", "import ctypes", ".Stream", "time.perf_counter = ...", "setattr()", "line 5: reference"):
+    for expected in ("import threading", "import ctypes", ".Stream", "time.perf_counter = ...", "setattr()", "line 5: reference", "line 7: reference()"):
         assert expected in text, (expected, text)
 
 
