@@ -13,6 +13,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,9 @@ import pytest
 
 NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,name", "--format=csv,noheader")
 NVIDIA_SMI_TIMEOUT_S = 15.0
+TORCH_COUNT_TIMEOUT_S = 120.0
+# Device nodes of the NVIDIA driver, WSL's GPU paravirtualization and ROCm (torch.cuda on AMD).
+GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
 CPU_LOCK_KEY = "cpu"
 
 
@@ -122,15 +126,28 @@ def _match_entry(rows: Sequence[GpuRow], entry: str) -> tuple[str, str] | None:
     return None
 
 
-def fallback_torch_gpus(cuda_visible_devices: str | None) -> list[DeviceSpec]:
-    """Without ``nvidia-smi``: count GPUs with torch and key them by index (not UUID)."""
-    try:
-        import torch
-    except ImportError:
+def fallback_torch_gpus(environ: Mapping[str, str] = os.environ) -> list[DeviceSpec]:
+    """Without ``nvidia-smi``: count GPUs with torch and key them by index (not UUID).
+
+    The count runs in a child process: ``torch.cuda.device_count()`` initializes the CUDA driver,
+    after which forking the pytest process is unsafe, and importing torch here would tie the
+    plugin's import time to torch's. Without any sign of a GPU driver the child is not started.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or not _gpu_driver_present():
         return []
+    cuda_visible_devices = environ.get("CUDA_VISIBLE_DEVICES")
+    child_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if cuda_visible_devices is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     try:
-        count = int(torch.cuda.device_count())
-    except Exception:  # a broken driver reads as no GPU, as it would for torch itself
+        proc = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            capture_output=True, text=True, timeout=TORCH_COUNT_TIMEOUT_S, env=child_env,
+        )
+        count = int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else 0
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return []
     # Physical indices when CUDA_VISIBLE_DEVICES names them, so sessions agree on the key.
     entries = [e.strip() for e in (cuda_visible_devices or "").split(",")][:count]
@@ -139,6 +156,10 @@ def fallback_torch_gpus(cuda_visible_devices: str | None) -> list[DeviceSpec]:
     else:
         physical = list(range(count))
     return [DeviceSpec(f"cuda:{i}", f"cuda-index-{physical[i]}", "CUDA GPU") for i in range(count)]
+
+
+def _gpu_driver_present() -> bool:
+    return any(os.path.exists(p) for p in GPU_DRIVER_PATHS)
 
 
 def cpu_model() -> str:
@@ -161,7 +182,7 @@ def all_visible_devices(environ: Mapping[str, str] = os.environ) -> list[DeviceS
     """Every GPU visible to this process, or the CPU alone when there is none."""
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     rows = query_nvidia_smi()
-    gpus = map_visible_gpus(rows, cvd) if rows is not None else fallback_torch_gpus(cvd)
+    gpus = map_visible_gpus(rows, cvd) if rows is not None else fallback_torch_gpus(environ)
     return gpus or [cpu_device()]
 
 

@@ -40,7 +40,7 @@ class LeaseTimeout(LeaseError):
     """No device became free within the lease timeout."""
 
     def __init__(self, message: str, devices: Sequence[DeviceSpec], lease_dir: Path, waited_s: float,
-                 holders: dict[str, dict[str, Any] | None]) -> None:
+                 holders: dict[str, dict[str, Any] | None]) -> None:  # by lock key
         super().__init__(message)
         self.devices = list(devices)
         self.lease_dir = lease_dir
@@ -211,12 +211,14 @@ class LeaseManager:
             time.sleep(sleep_s)
 
     def _release(self, lease: Lease, lock: filelock.BaseFileLock) -> None:
+        # Stamp the release while still holding, so [t_acquired, t_released] lies inside the hold
+        # and intervals of different holders never overlap, even by a clock read.
+        lease.held_ms = (time.monotonic() - lease._t0_monotonic) * 1e3
+        lease.t_released = time.time()
         # The sidecar goes before the lock, so it never names a holder that has already left.
         with contextlib.suppress(OSError):
             self.holder_path(lease.device).unlink()
         lock.release()
-        lease.t_released = time.time()
-        lease.held_ms = (time.monotonic() - lease._t0_monotonic) * 1e3
         with self._history_lock:
             self.history.append(lease.to_dict())
 
@@ -245,10 +247,10 @@ class LeaseManager:
         return info
 
     def _timeout_error(self, order: Sequence[DeviceSpec], waited_s: float) -> LeaseTimeout:
-        holders = {d.name: self.read_holder(d) for d in order}
+        holders = {d.lock_key: self.read_holder(d) for d in order}
         parts = []
         for device in order:
-            info = holders[device.name]
+            info = holders[device.lock_key]
             if info is None:
                 who = "holder unknown"
             else:
