@@ -117,6 +117,11 @@ class Lease:
     pid: int = field(default_factory=os.getpid)
     _t0_monotonic: float = field(default=0.0, repr=False)
 
+    @property
+    def device_name(self) -> str:
+        """The torch device string, e.g. "cuda:0" or "cpu"."""
+        return self.device.name
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device.name,
@@ -172,6 +177,8 @@ class LeaseManager:
     def lease(self, preferred: int | None = None, label: str = "") -> Iterator[Lease]:
         """Hold one device for the ``with`` block: the preferred one if free, else any free one,
         else wait (up to ``timeout_s``) for whichever frees first."""
+        if preferred is not None and not isinstance(preferred, int):
+            raise TypeError(f"preferred must be a device index, not {preferred!r} (pass label=...)")
         outer = self.current
         if outer is not None:
             yield outer

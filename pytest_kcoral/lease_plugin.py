@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,17 @@ def get_lease_manager(config: pytest.Config) -> LeaseManager:
             preferred=worker_preferred_index(worker_id, len(devices)),
         )
     return config.stash[lease_manager_key]
+
+
+def lease_factory(config: pytest.Config) -> Callable[[str], AbstractContextManager[Lease]]:
+    """``factory(label)`` leases a device for the ``with`` block: what the pipeline wraps its GPU
+    stages in (the ``Lease`` has ``device_name``, ``wait_ms`` and, after release, ``held_ms``)."""
+    manager = get_lease_manager(config)
+
+    def factory(label: str) -> AbstractContextManager[Lease]:
+        return manager.lease(label=label)
+
+    return factory
 
 
 @pytest.hookimpl(trylast=True)

@@ -3,10 +3,16 @@ have no GPU), --kcoral-devices selection, and the real CPU path."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+import pytest_kcoral
 from pytest_kcoral.devices import (
     DeviceSpec,
     GpuRow,
@@ -14,6 +20,7 @@ from pytest_kcoral.devices import (
     fallback_torch_gpus,
     map_visible_gpus,
     parse_nvidia_smi,
+    query_nvidia_smi,
     select_devices,
     visible_devices,
 )
@@ -25,6 +32,7 @@ NVIDIA_SMI_OUTPUT = """\
 """
 ROWS = parse_nvidia_smi(NVIDIA_SMI_OUTPUT)
 UUID0, UUID1, UUID2 = (r.uuid for r in ROWS)
+REPO_ROOT = Path(pytest_kcoral.__file__).resolve().parents[1]
 
 needs_no_gpu = pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has nvidia-smi")
 
@@ -130,16 +138,70 @@ def test_bad_devices_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR
 
 
-@pytest.mark.gpu
-def test_lock_keys_match_torch_uuids() -> None:
-    """On a GPU host: the UUIDs read from nvidia-smi are the ones CUDA reports for each index."""
+UUIDS_SEEN_BY_CUDA = """
+import json, torch
+from pytest_kcoral.devices import visible_devices
+print(json.dumps({
+    "harness": [[d.name, d.lock_key] for d in visible_devices(None)],
+    "torch": [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())],
+}))
+"""
+
+
+def needs_nvidia_gpus(n: int) -> list[str]:
     if shutil.which("nvidia-smi") is None:
         pytest.skip("needs nvidia-smi")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    devices = visible_devices(None)
-    assert len(devices) == torch.cuda.device_count()
-    for i, device in enumerate(devices):
-        uuid = str(torch.cuda.get_device_properties(i).uuid)
-        assert device.lock_key.removeprefix("GPU-") == uuid.removeprefix("GPU-"), (i, device)
+    rows = query_nvidia_smi() or []
+    if len(rows) < n:
+        pytest.skip(f"needs {n} NVIDIA GPU(s)")
+    return [row.uuid for row in rows]
+
+
+def uuids_seen_by_cuda(cuda_visible_devices: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    out = subprocess.run([sys.executable, "-c", UUIDS_SEEN_BY_CUDA], env=env, capture_output=True, text=True,
+                         check=True, timeout=300).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def bare(uuid: str) -> str:
+    return uuid.removeprefix("GPU-")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["unset", "reversed", "uuids"])
+def test_lock_keys_are_the_uuids_cuda_reports(order: str) -> None:
+    """On a GPU host: cuda:<i> in the harness is the GPU CUDA calls device i, whatever the order."""
+    uuids = needs_nvidia_gpus(1)
+    pytest.importorskip("torch")
+    cvd = {"unset": None, "reversed": ",".join(str(i) for i in reversed(range(len(uuids)))),
+           "uuids": ",".join(u[:12] for u in reversed(uuids))}[order]
+    seen = uuids_seen_by_cuda(cvd)
+    assert [name for name, _ in seen["harness"]] == [f"cuda:{i}" for i in range(len(seen["torch"]))]
+    assert [bare(key) for _, key in seen["harness"]] == [bare(u) for u in seen["torch"]]
+    if order != "unset":
+        assert [key for _, key in seen["harness"]] == list(reversed(uuids))
+
+
+@pytest.mark.gpu
+def test_auto_starts_one_worker_per_gpu(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    uuids = needs_nvidia_gpus(1)
+    pytest.importorskip("xdist")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.parametrize("i", range(4))
+        def test_device(gpu_lease, i):
+            assert gpu_lease.device.name.startswith("cuda:")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "kcoral", "-p", "pytest_kcoral.lease_plugin", "-n", "auto",
+                                           "--kcoral-lease-dir", str(pytester.path / "leases"))
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines([f"created: {len(uuids)}/{len(uuids)} workers*"])

@@ -361,3 +361,13 @@ def test_gpu_lease_fixture_records_properties(pytester: pytest.Pytester) -> None
     (report,) = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "teardown"]
     props = dict(report.user_properties)
     assert props["lease_wait_ms"] >= 0 and props["lease_held_ms"] >= 0
+
+
+def test_lease_factory_is_what_the_pipeline_calls(pytester: pytest.Pytester) -> None:
+    config = pytester.parseconfigure(*PLUGINS, "--kcoral-lease-dir", str(pytester.path / "leases"))
+    factory = lease_plugin.lease_factory(config)
+    with factory("cases/vector_add::v1[seen-n=4096]") as lease:
+        assert lease.device_name == lease.device.name and lease.wait_ms >= 0
+    assert lease.held_ms is not None and lease.held_ms >= 0
+    (record,) = lease_plugin.get_lease_manager(config).history
+    assert record["label"] == "cases/vector_add::v1[seen-n=4096]"
