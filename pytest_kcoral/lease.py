@@ -206,10 +206,14 @@ class LeaseManager:
                     lock.acquire(timeout=0)
                 except filelock.Timeout:
                     continue
-                now = time.monotonic()
-                lease = Lease(device=device, holder=self.holder, label=label,
-                              wait_ms=(now - t0) * 1e3, t_acquired=time.time(), _t0_monotonic=now)
-                self._write_holder(lease)
+                try:
+                    now = time.monotonic()
+                    lease = Lease(device=device, holder=self.holder, label=label,
+                                  wait_ms=(now - t0) * 1e3, t_acquired=time.time(), _t0_monotonic=now)
+                    self._write_holder(lease)
+                except BaseException:  # e.g. KeyboardInterrupt: never keep a lock nobody will release
+                    lock.release()
+                    raise
                 return lease, lock
             now = time.monotonic()
             if deadline is not None and now >= deadline:
