@@ -144,7 +144,11 @@ class LocalExecutor:
             self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             result.compiled = True
 
-            stack.enter_context(self._lease(spec, result))
+            lease = stack.enter_context(self._lease(spec, result))
+            # --kcoral-timeout bounds the item's own work; waiting for the device is bounded by
+            # --kcoral-lease-timeout, so an item queued behind a hung one keeps its full budget
+            deadline += lease.wait_ms / 1000.0
+            candidate.deadline = deadline
             device = result.device or "cpu"
             trusted_box: list[Child] = []
 
