@@ -81,7 +81,8 @@ class CaseRuntime:
         """A KernelBench model built under the init seed, so reference and candidate weights match."""
         import torch
 
-        key = f"{model_class.__module__}.{model_class.__qualname__}:{sorted(shape.items())}"
+        # the device is part of the key: compile builds the model before the lease names a GPU
+        key = f"{model_class.__module__}.{model_class.__qualname__}:{sorted(shape.items())}:{self.device}"
         model = self._models.get(key)
         if model is None:
             self.set_globals(shape)

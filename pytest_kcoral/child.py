@@ -109,6 +109,10 @@ class _Runner:
 
         # the timers' clocks, synchronize and CUPTI entry points, taken before candidate code loads
         timing.prepare(case_spec.get("device_kind", "cpu"))
+        if case_spec.get("device_kind", "cpu") == "cpu":
+            # CPU timing is single-threaded: OpenMP workers of one child spinning after its last
+            # parallel region would steal the cores from the next child's timed calls
+            torch.set_num_threads(1)
         self.role = role
         self.case = CaseRuntime(case_spec)
         self.device = self.case.device

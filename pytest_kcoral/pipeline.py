@@ -34,12 +34,8 @@ class ItemSpec:
     shape: Shape
 
 
-class LeaseLike(Protocol):
-    device_name: str
-    wait_ms: float
-    held_ms: float | None
-
-
+# ``factory(label)`` holds a device for a ``with`` block; the lease it yields has ``device_name``,
+# ``wait_ms`` and, once released, ``held_ms`` (``pytest_kcoral.lease.Lease``).
 LeaseFactory = Callable[[str], ContextManager[Any]]
 
 
@@ -155,7 +151,11 @@ class LocalExecutor:
             self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             result.compiled = True
 
-            stack.enter_context(self._lease(spec, result))
+            lease = stack.enter_context(self._lease(spec, result))
+            # --kcoral-timeout bounds the item's own work; waiting for the device is bounded by
+            # --kcoral-lease-timeout, so an item queued behind a hung one keeps its full budget
+            deadline += lease.wait_ms / 1000.0
+            candidate.deadline = deadline
             device = result.device or "cpu"
             trusted_box: list[Child] = []
 
@@ -187,14 +187,23 @@ class LocalExecutor:
 
     @contextlib.contextmanager
     def _lease(self, spec: ItemSpec, result: ItemResult) -> Iterator[Any]:
-        with self.lease_factory(spec.nodeid) as lease:
-            result.device = lease.device_name
-            result.lease_wait_ms = lease.wait_ms
-            t0 = time.monotonic()
-            try:
-                yield lease
-            finally:
-                result.lease_held_ms = (time.monotonic() - t0) * 1000.0
+        """Hold a device for the GPU stages; record which one, the wait and the hold."""
+        from pytest_kcoral.lease import LeaseError
+
+        holding = self.lease_factory(spec.nodeid)
+        try:
+            lease = holding.__enter__()
+        except LeaseError as exc:
+            raise StageFailed("correctness", f"no device: {exc}", "lease") from None
+        result.device = lease.device_name
+        result.lease_wait_ms = lease.wait_ms
+        try:
+            yield lease
+        finally:
+            holding.__exit__(None, None, None)
+            result.lease_held_ms = lease.held_ms
+            if hasattr(lease, "to_dict"):
+                result.extra["lease"] = lease.to_dict()  # absolute times, for the overlap audit
 
     def _reference_data(self, spec: ItemSpec, device: str, trusted: Callable[[], Child], tol: correctness.Tolerance) -> ReferenceData:
         case, shape = spec.case, spec.shape

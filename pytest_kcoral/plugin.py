@@ -5,11 +5,8 @@ collect (``cases``, ``candidates``, ``items``) -> run (``pipeline``: ``isolation
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -37,7 +34,12 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     # xdist workers must generate the same inputs as each other: the controller draws the seed.
     seed = workerinput.get("kcoral_seed") if workerinput else None
-    settings = config.stash[settings_key] = Settings.from_config(config, seed=seed)
+    settings = Settings.from_config(config, seed=seed)
+    if settings.url:
+        raise pytest.UsageError(
+            "--kcoral-url / KCORAL_URL: remote execution through a KCoral service is not implemented yet; "
+            "unset it to grade on this host"
+        )
     if settings.sandbox:
         from pytest_kcoral.sandbox import SandboxUnavailable, find_bwrap
 
@@ -45,6 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
             find_bwrap()  # a missing or broken bwrap stops the session here, never a silent fallback
         except SandboxUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
+    config.stash[settings_key] = settings
+    config.pluginmanager.import_plugin("pytest_kcoral.lease_plugin")
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     from pytest_kcoral.session import KcoralSession
@@ -83,9 +87,10 @@ def get_executor(config: pytest.Config) -> Any:
     """The session's executor, built on first use so collection-only runs start nothing."""
     executor = config.stash.get(executor_key, None)
     if executor is None:
+        from pytest_kcoral.lease_plugin import get_devices, lease_factory
         from pytest_kcoral.pipeline import LocalExecutor
 
-        device_kind = "cuda" if shutil.which("nvidia-smi") else "cpu"
+        device_kind = "cuda" if any(d.is_cuda for d in get_devices(config)) else "cpu"
         settings = config.stash[settings_key]
         sandbox = None
         if settings.sandbox:
@@ -95,19 +100,6 @@ def get_executor(config: pytest.Config) -> Any:
             sandbox = Sandbox(readonly=[config.rootpath, *settings.submissions], gpu=device_kind == "cuda")
             config.add_cleanup(sandbox.close)
             config.add_cleanup(isolation.stop_template)  # runs first: the template lives in the sandbox
-        executor = LocalExecutor(settings, _single_device_lease, device_kind, sandbox)
+        executor = LocalExecutor(settings, lease_factory(config), device_kind, sandbox)
         config.stash[executor_key] = executor
     return executor
-
-
-class _Held:
-    def __init__(self, device_name: str, wait_ms: float) -> None:
-        self.device_name = device_name
-        self.wait_ms = wait_ms
-        self.held_ms: float | None = None
-
-
-@contextlib.contextmanager
-def _single_device_lease(label: str) -> Iterator[_Held]:
-    t0 = time.monotonic()
-    yield _Held("cpu", (time.monotonic() - t0) * 1000.0)

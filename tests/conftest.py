@@ -53,8 +53,13 @@ def make_case(pytester: pytest.Pytester):
 
 
 @pytest.fixture
-def run_kcoral(pytester: pytest.Pytester):
-    """Run pytest-kcoral in process on the pytester directory (children are real processes)."""
+def run_kcoral(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Run pytest-kcoral in process on the pytester directory (children are real processes).
+
+    These runs grade on the CPU, also on a GPU host, so they assert the same things everywhere:
+    the GPU paths have their own tests under ``tests/gpu``, which start pytest in a subprocess.
+    """
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
     def run(*args: str) -> pytest.RunResult:
         return pytester.runpytest("-p", "kcoral", "-p", "no:cacheprovider", "--kcoral-timing-budget", "0.02", *args)

@@ -112,3 +112,25 @@ def baseline(a, b):
     assert trusted and candidates and not trusted & candidates
     assert len(candidates) == 4, "one fresh candidate process per item"
     assert not any(r.get("candidate_loaded") for r in records if r["role"] != "candidate")
+
+
+def test_template_preload_never_touches_cuda():
+    """Children fork from the template: a CUDA call there (even ``is_available()``) would make
+    every child fail with "Cannot re-initialize CUDA in forked subprocess" on a GPU host."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import torch, torch.cuda as tc\n"
+        "called = []\n"
+        "for name in ('is_available', 'device_count', '_lazy_init', 'current_device', 'init', 'get_device_properties'):\n"
+        "    orig = getattr(tc, name)\n"
+        "    setattr(tc, name, lambda *a, _n=name, _o=orig, **k: called.append(_n) or _o(*a, **k))\n"
+        "import importlib\n"
+        "from pytest_kcoral.isolation import TEMPLATE_PRELOAD\n"
+        "for module in TEMPLATE_PRELOAD:\n"
+        "    importlib.import_module(module)\n"
+        "print(called)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"the template's imports called torch.cuda: {out}"

@@ -64,9 +64,7 @@ def _no_sync() -> None:
     return None
 
 
-# Captured at import when torch is already loaded (the stage runner imports torch first).
-if "torch" in sys.modules:
-    try:
-        capture_torch()
-    except Exception:  # noqa: BLE001 - a broken torch import surfaces later, where it is used
-        _torch_refs = None
+# torch's references are NOT taken at import: the template process that children fork from
+# imports this module, and ``torch.cuda.is_available()`` there would initialize the CUDA driver
+# and poison every fork ("Cannot re-initialize CUDA in forked subprocess"). The stage runner calls
+# ``pytest_kcoral.timing.prepare()`` in the child, before the candidate loads, instead.

@@ -1,0 +1,39 @@
+"""Shared by the benchmarks: run a grading session in a subprocess and read its JSON artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def grade(args: list[str], json_path: Path, cwd: Path = ROOT, log: Path | None = None) -> tuple[float, dict[str, Any]]:
+    """Run ``pytest -p kcoral ARGS --kcoral-json JSON``; return the wall time and the document."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "-q", *args, "--kcoral-json", str(json_path)]
+    started = time.perf_counter()
+    with open(log or os.devnull, "w") as out:
+        subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
+    wall_s = time.perf_counter() - started
+    return wall_s, json.loads(json_path.read_text())
+
+
+def graded_items(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [item for item in doc["items"] if item["outcome"] != "skipped"]
+
+
+def lease_overlaps(doc: dict[str, Any]) -> int:
+    """Pairs of GPU-stage leases on one device that overlap in time (must be 0)."""
+    by_device: dict[str, list[tuple[float, float]]] = {}
+    for lease in doc.get("lease_history", []):
+        by_device.setdefault(lease["lock_key"], []).append((lease["t_acquired"], lease["t_released"]))
+    overlaps = 0
+    for intervals in by_device.values():
+        intervals.sort()
+        overlaps += sum(1 for (_, end), (start, _) in zip(intervals, intervals[1:]) if start < end)
+    return overlaps

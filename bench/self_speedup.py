@@ -1,0 +1,92 @@
+"""Self-speedup: grade every bundled case with a candidate identical to its baseline.
+
+Run on a GPU host: ``python bench/self_speedup.py``. A trustworthy timer gives speedups of 1.0
+for a candidate that is the baseline; the spread is the grader's noise floor. Target (issue 7):
+95% of speedups within [0.98, 1.02] and none outside [0.95, 1.05].
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from _grade import ROOT, grade, graded_items
+
+# A submission that loads the case's own baseline (or reference) and runs it as the candidate.
+NATIVE = '''
+import importlib.util
+_spec = importlib.util.spec_from_file_location("self_case", {source!r})
+_case = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_case)
+{baseline_file}
+run = getattr(_case, "baseline", None) or _baseline or _case.reference
+'''
+BASELINE_FILE = '''
+_bspec = importlib.util.spec_from_file_location("self_baseline", {path!r})
+_bmod = importlib.util.module_from_spec(_bspec)
+_bspec.loader.exec_module(_bmod)
+_baseline = getattr(_bmod, "baseline", None) or _bmod.run
+'''
+KERNELBENCH = '''
+import importlib.util
+_spec = importlib.util.spec_from_file_location("self_case", {source!r})
+_case = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_case)
+
+class ModelNew(_case.Model):
+    pass
+'''
+
+
+def write_submissions(cases_dir: Path, subs: Path) -> None:
+    team = subs / "self"
+    team.mkdir(parents=True)
+    for folder in sorted(p for p in cases_dir.iterdir() if p.is_dir()):
+        if (folder / "bench.py").is_file():
+            source = folder / "bench.py"
+        elif (folder / "case.py").is_file():
+            source = folder / "case.py"
+        else:
+            continue
+        text = source.read_text()
+        if "get_init_inputs" in text and "class Model" in text:
+            body = KERNELBENCH.format(source=str(source))
+        else:
+            baseline = folder / "baseline.py"
+            extra = BASELINE_FILE.format(path=str(baseline)) if baseline.is_file() else "_baseline = None"
+            body = NATIVE.format(source=str(source), baseline_file=extra)
+        (team / f"{folder.name}.py").write_text(body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=None, help="--kcoral-timing-budget per callable (s)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("pytest_args", nargs="*", default=[])
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="kcoral-self-"))
+    subs = out / "subs"
+    write_submissions(ROOT / "cases", subs)
+    extra = ["--kcoral-timing-budget", str(args.budget)] if args.budget else []
+    wall_s, doc = grade(["cases", "--kcoral-submissions", str(subs), "-k", "self", *extra, *args.pytest_args],
+                        out / "self_speedup.json", log=out / "self_speedup.log")
+    items = [i for i in graded_items(doc) if i["candidate"] == "self"]
+    speedups = sorted((i["speedup"], i["nodeid"], i.get("t_baseline_us"), i.get("timer")) for i in items if i.get("speedup"))
+    failed = [i["nodeid"] for i in items if i["outcome"] != "passed"]
+    values = [s for s, *_ in speedups]
+    within_2 = sum(0.98 <= s <= 1.02 for s in values)
+    outside_5 = [(s, n) for s, n, *_ in speedups if not 0.95 <= s <= 1.05]
+    print(f"{len(items)} items graded in {wall_s:.0f} s; {len(values)} speedups; failed: {failed or 'none'}")
+    if values:
+        print(f"median {statistics.median(values):.4f}  min {values[0]:.4f}  max {values[-1]:.4f}")
+        print(f"within [0.98, 1.02]: {within_2}/{len(values)} = {within_2 / len(values) * 100:.1f}% (target >= 95%)")
+        print(f"outside [0.95, 1.05]: {len(outside_5)} (target 0) {outside_5}")
+    print("\n| item | t_baseline_us | timer | speedup |\n|---|---|---|---|")
+    for s, nodeid, t_base, timer in speedups:
+        print(f"| {nodeid} | {t_base:.1f} | {timer} | {s:.4f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The grading pipeline on a real GPU: CUPTI timing end to end, the events fallback, poisoned
+outputs, timed-output checks, and one worker per GPU under the lease. Each test starts pytest in
+a subprocess, so its template process and its CUDA state are its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CASE = """
+import torch
+SEEN = [{"n": 1 << 22}]
+UNSEEN = [{"n": (1 << 22) + 3}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+"""
+
+TRITON_ADD = """
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _add(a, b, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(out + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
+
+def run(a, b):
+    out = torch.empty_like(a)
+    _add[(triton.cdiv(a.numel(), 1024),)](a, b, out, a.numel(), BLOCK=1024)
+    return out
+"""
+
+HALF_WRITTEN = """
+import torch
+def run(a, b):
+    out = torch.empty_like(a)
+    out[: a.numel() // 2] = (a + b)[: a.numel() // 2]
+    return out
+"""
+
+POINTER_CACHE = """
+_cache = {}
+def run(a, b):
+    key = (a.data_ptr(), b.data_ptr())
+    if key not in _cache:
+        _cache[key] = a + b
+    return _cache[key]
+"""
+
+
+def _grade(tmp_path: Path, candidates: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    case = tmp_path / "cases" / "add"
+    (case / "candidates").mkdir(parents=True, exist_ok=True)
+    (case / "case.py").write_text(textwrap.dedent(CASE))
+    for name, src in candidates.items():
+        (case / "candidates" / f"{name}.py").write_text(textwrap.dedent(src))
+    cmd = [sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases", "--kcoral-json", "out.json",
+           "--kcoral-timing-budget", "0.3", "--kcoral-lease-dir", str(tmp_path / "leases"), *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    return proc, json.loads((tmp_path / "out.json").read_text())
+
+
+def test_triton_candidate_graded_with_cupti(tmp_path):
+    proc, doc = _grade(tmp_path, {"triton_add": TRITON_ADD, "torch_add": "def run(a, b):\n    return a + b\n"})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for item in doc["items"]:
+        assert item["outcome"] == "passed"
+        assert item["device"].startswith("cuda:")
+        assert item["timer"] == "cupti", item["candidate_timing"]
+        assert item["baseline_timing"]["method"] == "cupti"
+        assert 0.3 < item["speedup"] < 3.0
+        assert item["candidate_timing"]["records"] >= 1
+    print(json.dumps([(i["nodeid"], i["t_baseline_us"], i["t_candidate_us"], i["speedup"]) for i in doc["items"]], indent=1))
+
+
+def test_events_fallback_gives_like_for_like_speedups(tmp_path):
+    proc, doc = _grade(tmp_path, {"torch_add": "def run(a, b):\n    return a + b\n"}, "--kcoral-timer", "events")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for item in doc["items"]:
+        assert item["timer"] == "events" and item["baseline_timing"]["method"] == "events"
+        assert 0.9 < item["speedup"] < 1.1, item
+
+
+def test_unwritten_output_elements_read_as_nan_poison(tmp_path):
+    proc, doc = _grade(tmp_path, {"half": HALF_WRITTEN}, "-m", "seen")
+    assert proc.returncode == 1
+    (item,) = doc["items"]
+    assert item["stage"] == "correctness"
+    assert "NaN/Inf where the reference is finite" in item["message"], item["message"]
+
+
+def test_pointer_keyed_cache_fails_the_timed_output_check(tmp_path):
+    proc, doc = _grade(tmp_path, {"cache": POINTER_CACHE}, "-m", "seen")
+    (item,) = doc["items"]
+    assert item["outcome"] == "failed" and item["stage"] == "timing", item
+    assert "outputs of timed calls are wrong" in item["message"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_one_worker_per_gpu_and_no_overlap(tmp_path):
+    cands = {f"c{i}": "def run(a, b):\n    return a + b\n" for i in range(4)}
+    proc, doc = _grade(tmp_path, cands, "-n", "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "2 workers" in proc.stdout
+    devices = {item["device"] for item in doc["items"]}
+    assert devices == {"cuda:0", "cuda:1"}, devices
+    by_key: dict[str, list[tuple[float, float]]] = {}
+    for lease in doc["lease_history"]:
+        by_key.setdefault(lease["lock_key"], []).append((lease["t_acquired"], lease["t_released"]))
+    assert len(by_key) == 2
+    for intervals in by_key.values():
+        intervals.sort()
+        assert all(b[0] >= a[1] for a, b in zip(intervals, intervals[1:]))
