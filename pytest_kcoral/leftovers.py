@@ -65,8 +65,39 @@ def describe(pid: int) -> str:
     return f"pid {pid} ({cmdline[:120] or '?'})"
 
 
+def _children_files(pid: int) -> list[int] | None:
+    """``pid``'s children from ``/proc/<pid>/task/*/children`` (fast), or None where the kernel lacks it."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return None
+        except OSError:
+            continue
+    return found
+
+
 def descendants(root: int) -> list[int]:
     """Every live process below ``root`` (its children, their children, ...)."""
+    found, todo = [], [root]
+    while todo:
+        kids = _children_files(todo.pop())
+        if kids is None:
+            return _descendants_by_scan(root)
+        found += kids
+        todo += kids
+    return found
+
+
+def _descendants_by_scan(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -168,4 +199,7 @@ class Baseline:
         return problems
 
     def _new_threads(self) -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if t.ident not in self.threads and t.is_alive()]
+        # a _DummyThread is a native thread (CUPTI's buffer callbacks, a driver's worker) that ran
+        # Python code: not one the candidate started through threading
+        return [t for t in threading.enumerate()
+                if t.ident not in self.threads and t.is_alive() and not isinstance(t, threading._DummyThread)]

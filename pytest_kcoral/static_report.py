@@ -13,6 +13,7 @@ from pathlib import Path
 # module imported -> why it is worth a look
 _MODULES = {
     "threading": "threads (work left running after return)",
+    "_thread": "low-level threads (not seen by the thread audit)",
     "concurrent": "thread or process pools",
     "multiprocessing": "processes or the harness's result channel",
     "subprocess": "child processes",
