@@ -63,27 +63,35 @@ def run(a, b):
 
 PERSISTING_L2 = """
 import torch
-try:
-    from cuda.bindings import runtime as cudart
-except ImportError:
-    from cuda import cudart
 _set = False
+def _persist(a):
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        from cuda import cudart
+    prop = torch.cuda.get_device_properties(a.device)
+    limit = getattr(prop, "persisting_l2_cache_max_size", 0) or (prop.L2_cache_size * 3 // 4)
+    cudart.cudaDeviceSetLimit(cudart.cudaLimit.cudaLimitPersistingL2CacheSize, limit)
+    attr = cudart.cudaStreamAttrValue()
+    window = attr.accessPolicyWindow
+    window.base_ptr = a.data_ptr()
+    window.num_bytes = min(a.numel() * a.element_size(), limit)
+    window.hitRatio = 1.0
+    window.hitProp = cudart.cudaAccessProperty.cudaAccessPropertyPersisting
+    window.missProp = cudart.cudaAccessProperty.cudaAccessPropertyStreaming
+    attr.accessPolicyWindow = window
+    return cudart.cudaStreamSetAttribute(torch.cuda.current_stream().cuda_stream,
+                                         cudart.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, attr)
 def run(a, b):
     global _set
     if not _set:
         _set = True
-        prop = torch.cuda.get_device_properties(a.device)
-        limit = getattr(prop, "persisting_l2_cache_max_size", 0) or (prop.L2_cache_size * 3 // 4)
-        cudart.cudaDeviceSetLimit(cudart.cudaLimit.cudaLimitPersistingL2CacheSize, limit)
-        attr = cudart.cudaStreamAttrValue()
-        window = attr.accessPolicyWindow
-        window.base_ptr = a.data_ptr()
-        window.num_bytes = min(a.numel() * a.element_size(), limit)
-        window.hitRatio = 1.0
-        window.hitProp = cudart.cudaAccessProperty.cudaAccessPropertyPersisting
-        window.missProp = cudart.cudaAccessProperty.cudaAccessPropertyStreaming
-        cudart.cudaStreamSetAttribute(torch.cuda.current_stream().cuda_stream,
-                                      cudart.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, attr)
+        try:
+            status = repr(_persist(a))
+        except Exception as exc:  # the attack could not be mounted on this driver / cuda-python
+            status = f"failed: {type(exc).__name__}: {exc}"
+        with open(STATUS_PATH, "a") as f:
+            f.write(status + "\\n")
     return a + b
 """
 
@@ -122,9 +130,13 @@ def test_patching_cuda_events_and_synchronize_is_detected(make_case, run_kcoral)
 
 def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral, pytester):
     pytest.importorskip("cuda.bindings", reason="the attack needs cuda-python (cuda-bindings) to set an access policy window")
-    make_case("cases/add", GPU_CASE, {"persist": PERSISTING_L2, "plain": "def run(a, b):\n    return a + b\n"})
+    status = pytester.path / "persist_status.txt"
+    make_case("cases/add", GPU_CASE, {"persist": PERSISTING_L2.replace("STATUS_PATH", repr(str(status))),
+                                      "plain": "def run(a, b):\n    return a + b\n"})
     result = run_kcoral("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=2)
+    if "failed:" in status.read_text():
+        pytest.skip(f"the persisting-L2 window could not be set here: {status.read_text().strip()}")
     items = _items(pytester)
     assert "persisting_l2_reset" in items["persist"]["candidate_timing"]["flags"], items["persist"]["candidate_timing"]["flags"]
     # no better than the same kernel without the persisting window
