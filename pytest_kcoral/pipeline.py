@@ -154,7 +154,11 @@ class LocalExecutor:
             # --kcoral-lease-timeout, so an item queued behind a hung one keeps its full budget
             deadline += lease.wait_ms / 1000.0
             candidate.deadline = deadline
+            # the candidate's process ends before the device is given back: nothing it left
+            # running (a thread, a kernel queue) may overlap the next holder's measurements
+            stack.callback(candidate.close)
             device = result.device or "cpu"
+
             def trusted() -> Child:
                 return self._trusted_child(case, deadline)
 
