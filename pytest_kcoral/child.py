@@ -115,7 +115,6 @@ class _Runner:
         self.case = CaseRuntime(case_spec)
         self.device = self.case.device
         self.candidate: Any = None
-        self.poison_bytes: list[int] = []
 
     def serve(self, conn: Connection) -> None:
         while True:
@@ -126,13 +125,13 @@ class _Runner:
             cmd = header.get("cmd")
             if cmd == "exit":
                 return
-            if header.get("device"):
-                self._use_device(header["device"])
             handler = getattr(self, f"_cmd_{cmd}", None)
             if handler is None:
                 protocol.send(conn, {"ok": False, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}})
                 continue
             try:
+                if header.get("device"):
+                    self._use_device(header["device"])
                 reply, reply_payload = handler(header, payload)
             except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
                 protocol.send(conn, _error_reply(exc))
