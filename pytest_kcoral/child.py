@@ -117,7 +117,6 @@ class _Runner:
         self.case = CaseRuntime(case_spec)
         self.device = self.case.device
         self.candidate: Any = None
-        self.poison_bytes: list[int] = []
         # what the harness itself runs and relies on, taken before any candidate code loads
         self.baseline: leftovers.Baseline | None = None
         self.snapshot: tamper.Snapshot | None = None
@@ -131,8 +130,6 @@ class _Runner:
             cmd = header.get("cmd")
             if cmd == "exit":
                 return
-            if header.get("device"):
-                self._use_device(header["device"])
             # every reply names the command it answers, so a forged or duplicated reply shows
             echo = {"seq": header.get("seq"), "nonce": header.get("nonce")}
             handler = getattr(self, f"_cmd_{cmd}", None)
@@ -140,6 +137,8 @@ class _Runner:
                 protocol.send(conn, {"ok": False, **echo, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}})
                 continue
             try:
+                if header.get("device"):
+                    self._use_device(header["device"])
                 reply, reply_payload = handler(header, payload)
                 detected = self._audit()
             except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included

@@ -24,6 +24,8 @@ from pytest_kcoral.results import ItemResult, TimingStats, speedup_between
 # Timed-call samples kept for checking against the reference.
 VERIFIED_TIMED_CALLS = 2
 TIMING_INPUT_SETS = 3
+# Trusted children kept alive per worker (one per case, least recently used closed first).
+MAX_TRUSTED_CHILDREN = 4
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ LeaseFactory = Callable[[str], ContextManager[Any]]
 
 class Executor(Protocol):
     def run(self, spec: ItemSpec) -> ItemResult: ...
+
+    def close(self) -> None: ...
 
 
 class StageFailed(Exception):
@@ -81,6 +85,7 @@ class LocalExecutor:
         self.lease_factory = lease_factory
         self.device_kind = device_kind  # "cpu" or "cuda": decides the child environment
         self._references: dict[tuple, ReferenceData] = {}
+        self._trusted: dict[tuple[str, str], Child] = {}
 
     # -- public -----------------------------------------------------------------------------
 
@@ -156,13 +161,13 @@ class LocalExecutor:
             # --kcoral-lease-timeout, so an item queued behind a hung one keeps its full budget
             deadline += lease.wait_ms / 1000.0
             candidate.deadline = deadline
+            # the candidate's process ends before the device is given back: nothing it left
+            # running (a thread, a kernel queue) may overlap the next holder's measurements
+            stack.callback(candidate.close)
             device = result.device or "cpu"
-            trusted_box: list[Child] = []
 
             def trusted() -> Child:
-                if not trusted_box:
-                    trusted_box.append(stack.enter_context(Child("trusted", self._case_spec(case), self._child_env(), deadline, "reference", self.sandbox)))
-                return trusted_box[0]
+                return self._trusted_child(case, deadline)
 
             ref = self._reference_data(spec, device, trusted, tol)
             result.baseline_correct = ref.baseline_correct
@@ -231,11 +236,35 @@ class LocalExecutor:
         self._references[key] = data
         return data
 
+    def _trusted_child(self, case: Case, deadline: float) -> Child:
+        """The case's trusted child, kept across items: it only ever imports the case, and reusing
+        it saves a process start, a case import and, on a GPU, a CUDA context per item."""
+        key = (case.case_id, case.content_hash)
+        child = self._trusted.pop(key, None)
+        if child is None or child.process.exitcode is not None:
+            child = Child("trusted", self._case_spec(case), self._child_env(), deadline, f"reference:{case.case_id}", self.sandbox)
+        child.deadline = deadline
+        self._trusted[key] = child  # most recently used last
+        while len(self._trusted) > MAX_TRUSTED_CHILDREN:
+            self._trusted.pop(next(iter(self._trusted))).close()
+        return child
+
+    def close(self) -> None:
+        """End the trusted children (the session is over)."""
+        while self._trusted:
+            self._trusted.popitem()[1].close()
+
     def _trusted_call(self, trusted: Callable[[], Child], cmd: str, phase: str, **fields: Any) -> tuple[dict, Any]:
         """A trusted child failing is the case's fault, not the candidate's: say so."""
+        child = trusted()
         try:
-            return trusted().call(cmd, phase, **fields)
+            return child.call(cmd, phase, **fields)
         except ChildFailure as failure:
+            # never reuse a child that failed: it may be dead, hung or in a bad state
+            for key, kept in list(self._trusted.items()):
+                if kept is child:
+                    del self._trusted[key]
+            child.close()
             if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
                 raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
             stage = "timing" if phase in ("baseline", "verify") else "correctness"

@@ -83,6 +83,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    executor = session.config.stash.get(executor_key, None)
+    if executor is not None:
+        executor.close()
+
+
 def get_executor(config: pytest.Config) -> Any:
     """The session's executor, built on first use so collection-only runs start nothing."""
     executor = config.stash.get(executor_key, None)

@@ -113,7 +113,8 @@ class KcoralSession:
         self.scores = scoring.score(self.items)
         return self.scores
 
-    @pytest.hookimpl
+    # tryfirst: the suite figures must reach the JUnit writer before its own sessionfinish writes
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
         if self.is_worker:
             return
@@ -124,6 +125,7 @@ class KcoralSession:
             or session.shouldfail
         )
         scores = self.build_scores()
+        _add_junit_suite_properties(session.config, scores.suite)
         if self._saved_run is not None:
             self.compare_result = compare_mod.compare_runs(
                 self._saved_run, scores.candidates, self._compare_threshold, self._compare_path)
@@ -174,3 +176,30 @@ class KcoralSession:
             json_path=self.json_written,
         )
         terminal.write_summary(terminalreporter, lines)
+
+
+def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore) -> None:
+    """Suite-level figures as ``<testsuite>`` properties of ``--junitxml``, when it is on.
+
+    pytest's public way (the ``record_testsuite_property`` fixture) runs before the items do, so
+    the figures go straight to the JUnit writer that pytest keeps on the config.
+    """
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    if xml is None or suite.pairs == 0:
+        return
+    figures: dict[str, Any] = {
+        "kcoral_pairs": suite.pairs,
+        "kcoral_compile_rate": suite.compile_rate,
+        "kcoral_correctness_rate": suite.correctness_rate,
+        "kcoral_mean_speedup": suite.mean_speedup,
+        "kcoral_geomean_speedup": suite.geomean_speedup,
+        "kcoral_mean_generalization_gap": suite.mean_generalization_gap,
+        "kcoral_conditional_correctness": suite.conditional_correctness,
+        "kcoral_bench_lite_total": suite.bench_lite_total,
+        **{f"kcoral_fast_{p}": v for p, v in suite.fast_p.items()},
+    }
+    for name, value in figures.items():
+        if value is not None:
+            xml.add_global_property(name, round(value, 6) if isinstance(value, float) else value)

@@ -29,3 +29,44 @@ def test_two_workers_match_a_serial_run(make_case, run_kcoral, pytester):
     assert s["cases/add::seen_only[unseen-n=257]"] == ("failed", "correctness", False)
     # the summary is written once, by the controller
     assert parallel.stdout.str().count("kcoral summary") == 1
+
+
+def _junit(path):
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    suite_props = {p.get("name"): p.get("value") for p in suite.find("properties") or []}
+    items = {}
+    for case in suite.iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        items[props.get("kcoral_nodeid") or case.get("name")] = props
+    return suite_props, items
+
+
+def test_json_junit_and_table_agree_under_xdist(make_case, run_kcoral, pytester):
+    make_case("cases/add", candidates={"good": GOOD, "wrong": WRONG, "seen_only": SEEN_ONLY})
+    runs = {}
+    for name, extra in (("serial", []), ("parallel", ["-n", "2"])):
+        result = run_kcoral("--kcoral-json", f"{name}.json", "--junitxml", f"{name}.xml", "--kcoral-seed", "3", *extra)
+        doc = json.loads((pytester.path / f"{name}.json").read_text())
+        suite_props, junit_items = _junit(pytester.path / f"{name}.xml")
+        # JUnit per-item properties match the JSON items, item by item (names end in the item name)
+        assert len(junit_items) == len(doc["items"]) == 6
+        for item in doc["items"]:
+            (props,) = [p for n, p in junit_items.items() if item["nodeid"].endswith(n)]
+            assert props["kcoral_stage"] == item["stage"]
+            if item["speedup"] is not None:
+                assert abs(float(props["kcoral_speedup"]) - item["speedup"]) < 1e-3 * item["speedup"] + 1e-4
+        # suite figures in the JUnit file are the JSON's
+        assert float(suite_props["kcoral_correctness_rate"]) == round(doc["suite"]["correctness_rate"], 6)
+        assert int(suite_props["kcoral_pairs"]) == doc["suite"]["pairs"] == 3
+        # the terminal table shows each pair as the JSON scores it
+        for cand in doc["candidates"]:
+            unseen = cand["correct_unseen"]
+            row = f"cases/add::{cand['candidate']} *{'yes' if cand['compiled'] else 'no'} *{'yes' if cand['correct_seen'] else 'no'} *{sum(unseen.values())}/{len(unseen)} *"
+            result.stdout.fnmatch_lines([row])
+        runs[name] = doc
+    fields = ("case", "candidate", "compiled", "correct_seen", "correct_unseen")
+    assert [{k: c[k] for k in fields} for c in runs["serial"]["candidates"]] == \
+           [{k: c[k] for k in fields} for c in runs["parallel"]["candidates"]]
