@@ -83,6 +83,17 @@ def find_bwrap() -> str:
     return path
 
 
+def _import_roots_under_tmp() -> list[Path]:
+    """Where Python imports from, when it lies under ``/tmp``: the sandbox mounts a fresh ``/tmp``,
+    which would hide a checkout there (pytest-kcoral itself, installed editable from a clone in
+    ``/tmp``, as CI does), so these are bound back read-only."""
+    import pytest_kcoral
+
+    roots = [Path(p) for p in sys.path if p] + [Path(pytest_kcoral.__file__).resolve().parent.parent]
+    tmp = Path("/tmp")
+    return [r for r in roots if r.exists() and (r.resolve() == tmp or tmp in r.resolve().parents)]
+
+
 class Sandbox:
     """The session's sandbox: a workspace and the wrapper the template is started through."""
 
@@ -90,7 +101,7 @@ class Sandbox:
         self.bwrap = find_bwrap()
         self.workspace = Path(tempfile.mkdtemp(prefix="kcoral-sandbox-"))
         (self.workspace / "home").mkdir()
-        args = bwrap_arguments(self.workspace, readonly, gpu)
+        args = bwrap_arguments(self.workspace, [*readonly, *_import_roots_under_tmp()], gpu)
         # multiprocessing starts the template as `<executable> <flags> -c <code>`: a wrapper that
         # puts bwrap in front keeps every fd multiprocessing passes (bwrap does not close them)
         self.executable = str(self.workspace / "python-in-bwrap")
