@@ -16,6 +16,7 @@ from pytest_kcoral.options import Settings
 
 settings_key = pytest.StashKey[Settings]()
 executor_key = pytest.StashKey[Any]()
+selection_key = pytest.StashKey[list[tuple[str, str]]]()  # (case folder, item name) given as arguments
 
 MARKERS = [
     "kcoral: a graded kernel item (pytest-kcoral)",
@@ -60,6 +61,43 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:  # xdist controller: hand the session seed on
     node.workerinput["kcoral_seed"] = node.config.stash[settings_key].seed
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """Let ``pytest cases/add::triton[seen-n=4096]`` select items by the ids this plugin prints.
+
+    pytest refuses ``::`` after a directory, and a case is a directory: the argument becomes the
+    case folder, and the selection is applied when the items are collected.
+    """
+    selected = []
+    for i, arg in enumerate(args):
+        path, sep, rest = arg.partition("::")
+        if sep and rest and is_case_folder(Path(path)):
+            args[i] = path
+            selected.append((str(Path(path).resolve()), rest))
+    if selected:
+        early_config.stash[selection_key] = selected
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    selected = config.stash.get(selection_key, None)
+    if not selected:
+        return
+    from pytest_kcoral.items import KernelItem
+
+    def wanted(item: pytest.Item) -> bool:
+        if not isinstance(item, KernelItem):
+            return True
+        names = [rest for folder, rest in selected if folder == str(item.case.folder.resolve())]
+        # a case folder given without a selection keeps all its items; "case::candidate" selects
+        # all of the candidate's items, "case::candidate[split-shape]" one item
+        return not names or any(item.name == n or item.name.startswith(n + "[") for n in names)
+
+    keep = [item for item in items if wanted(item)]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
+        items[:] = keep
 
 
 def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:

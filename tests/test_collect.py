@@ -183,3 +183,14 @@ def test_case_whose_inputs_need_cuda_skips_on_cpu(pytester, make_case, run_kcora
     result = run_kcoral("--kcoral-mode", "correctness", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*the case needs CUDA*"])
+
+
+def test_items_are_selected_by_the_ids_the_plugin_prints(pytester, make_case, run_kcoral):
+    make_case("cases/add", candidates={"a": "def run(a, b):\n    return a + b\n", "b": "def run(a, b):\n    return a + b\n"})
+    make_case("cases/other")
+    result = run_kcoral("cases/add::a[unseen-n=257]", "--kcoral-mode", "correctness", "-v")
+    result.stdout.fnmatch_lines(["*cases/add::a[[]unseen-n=257[]] PASSED*"])
+    result.assert_outcomes(passed=1, deselected=3)
+    # a candidate selects all its items; a case folder given beside it keeps all of its own
+    result = run_kcoral("cases/add::b", "cases/other", "--kcoral-mode", "correctness", "-n", "2")
+    result.assert_outcomes(passed=4, deselected=2)
