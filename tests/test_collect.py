@@ -193,4 +193,5 @@ def test_items_are_selected_by_the_ids_the_plugin_prints(pytester, make_case, ru
     result.assert_outcomes(passed=1, deselected=3)
     # a candidate selects all its items; a case folder given beside it keeps all of its own
     result = run_kcoral("cases/add::b", "cases/other", "--kcoral-mode", "correctness", "-n", "2")
-    result.assert_outcomes(passed=4, deselected=2)
+    assert result.parseoutcomes()["passed"] == 4  # (xdist does not report workers' deselections)
+    assert result.ret == 0
