@@ -136,6 +136,15 @@ class RemoteExecutor(LocalExecutor):
             self._time(spec, candidate, trusted, device, tol, result)
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
 
+    def _stage(self, stage: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except ChildFailure as failure:
+            # a crash or a timeout belongs to the stage of the phase it happened in
+            if failure.kind in ("crash", "timeout") and failure.phase in _STAGE_OF_PHASE:
+                stage = _STAGE_OF_PHASE[failure.phase]
+            return super()._stage(stage, lambda: _reraise(failure))
+
     def _candidate_program(self, spec: ItemSpec, ref: Any, device: str) -> ReplayedChild:
         import torch
 
@@ -259,7 +268,14 @@ class ReplayedChild:
             raise self.failure
         reply = self.outcome.results.get(cmd)
         if reply is None:
-            raise self._program_failure(cmd, phase)
+            failure = self._program_failure(cmd, phase)
+            order = list(self.phases)
+            failed_at = (self.outcome.error or {}).get("instruction_id")
+            if cmd in _GATES_ONLY and failed_at in order and order.index(failed_at) > order.index(cmd):
+                # KCoral drops every reply of a program whose worker died, also those that came
+                # before; a later command ran the candidate, so this gate had passed
+                return {"ok": True, "reply_lost": True}, None
+            raise failure
         header = json.loads(reply["header"])
         if not header.get("ok"):
             error = header.get("error") or {}
@@ -290,6 +306,16 @@ class ReplayedChild:
         if self.outcome is None:
             return ""
         return "\n".join(s for s in (self.outcome.stdout, self.outcome.stderr) if s)
+
+
+# Commands whose reply only opens the gate to the next stage (their data is not needed).
+_GATES_ONLY = ("start", "load_candidate")
+# The stage a failure in each phase belongs to (a lost reply raises it from an earlier stage's call).
+_STAGE_OF_PHASE = {"startup": "compile", "import": "compile", "correctness": "correctness", "timing": "timing"}
+
+
+def _reraise(failure: ChildFailure) -> Any:
+    raise failure
 
 
 def _no_lease(_label: str) -> Any:
