@@ -29,7 +29,7 @@ from pytest_kcoral import protocol
 from pytest_kcoral.cases import Case
 from pytest_kcoral.isolation import ChildFailure
 from pytest_kcoral.options import Settings
-from pytest_kcoral.pipeline import ItemSkipped, ItemSpec, LocalExecutor, StageFailed
+from pytest_kcoral.pipeline import ItemSpec, LocalExecutor
 from pytest_kcoral.results import ItemResult
 
 HARNESS_DIR = Path(__file__).resolve().parent
@@ -113,7 +113,7 @@ class RemoteExecutor(LocalExecutor):
     def _run_stages(self, spec: ItemSpec, result: ItemResult, deadline: float) -> None:
         from pytest_kcoral import correctness
 
-        case, shape = spec.case, spec.shape
+        case = spec.case
         tol = correctness.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
         device = self.worker_device
         result.device = f"{device}@{self.url}"
