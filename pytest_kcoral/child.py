@@ -127,28 +127,31 @@ class _Runner:
                 header, payload = protocol.recv(conn)
             except EOFError:
                 return
-            cmd = header.get("cmd")
-            if cmd == "exit":
+            if header.get("cmd") == "exit":
                 return
             # every reply names the command it answers, so a forged or duplicated reply shows
             echo = {"seq": header.get("seq"), "nonce": header.get("nonce")}
-            handler = getattr(self, f"_cmd_{cmd}", None)
-            if handler is None:
-                protocol.send(conn, {"ok": False, **echo, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}})
-                continue
-            try:
-                if header.get("device"):
-                    self._use_device(header["device"])
-                reply, reply_payload = handler(header, payload)
-                detected = self._audit()
-            except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
-                protocol.send(conn, dict(_error_reply(exc), **echo))
-                continue
-            if detected:
-                error = {"type": "Detected", "message": "; ".join(detected), "detected": True}
-                protocol.send(conn, {"ok": False, **echo, "error": error})
-                continue
-            protocol.send(conn, dict(reply, ok=True, **echo), reply_payload)
+            reply, reply_payload = self.handle(header, payload)
+            protocol.send(conn, dict(reply, **echo), reply_payload)
+
+    def handle(self, header: dict[str, Any], payload: Any) -> tuple[dict[str, Any], Any]:
+        """Run one command and audit afterwards: the reply (``ok`` true or false) and its payload.
+
+        Shared by the pipe loop above and the KCoral runner (``remote_runner.py``)."""
+        cmd = header.get("cmd")
+        handler = getattr(self, f"_cmd_{cmd}", None)
+        if handler is None:
+            return {"ok": False, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}}, None
+        try:
+            if header.get("device"):
+                self._use_device(header["device"])
+            reply, reply_payload = handler(header, payload)
+            detected = self._audit()
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
+            return _error_reply(exc), None
+        if detected:
+            return {"ok": False, "error": {"type": "Detected", "message": "; ".join(detected), "detected": True}}, None
+        return dict(reply, ok=True), reply_payload
 
     def _audit(self) -> list[str]:
         """After candidate code ran: what it left running and which harness functions it replaced."""

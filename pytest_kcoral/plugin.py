@@ -36,11 +36,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # xdist workers must generate the same inputs as each other: the controller draws the seed.
     seed = workerinput.get("kcoral_seed") if workerinput else None
     settings = Settings.from_config(config, seed=seed)
-    if settings.url:
-        raise pytest.UsageError(
-            "--kcoral-url / KCORAL_URL: remote execution through a KCoral service is not implemented yet; "
-            "unset it to grade on this host"
-        )
+    if settings.url and not config.option.collectonly:
+        from pytest_kcoral.remote import RemoteUnavailable, connect
+
+        try:  # a server that cannot be reached stops the session here, naming the URL
+            connect(settings.url)[0].close()
+        except RemoteUnavailable as exc:
+            raise pytest.UsageError(str(exc)) from None
     if settings.sandbox:
         from pytest_kcoral.sandbox import SandboxUnavailable, find_bwrap
 
@@ -130,6 +132,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def get_executor(config: pytest.Config) -> Any:
     """The session's executor, built on first use so collection-only runs start nothing."""
     executor = config.stash.get(executor_key, None)
+    if executor is None and config.stash[settings_key].url:
+        from pytest_kcoral.remote import RemoteExecutor
+
+        executor = RemoteExecutor(config.stash[settings_key], config.stash[settings_key].url)
+        config.stash[executor_key] = executor
     if executor is None:
         from pytest_kcoral.lease_plugin import get_devices, lease_factory
         from pytest_kcoral.pipeline import LocalExecutor

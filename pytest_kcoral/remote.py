@@ -1,0 +1,322 @@
+"""Run step, remote: an item's stages as KCoral programs sent to a ``kcoral server`` or router.
+
+``RemoteExecutor`` is a ``LocalExecutor`` whose children live on a KCoral service. Every program
+starts on a fresh worker the server provides (and isolates, and leases a GPU for), and uploads the
+harness modules (``remote_runner.py`` and what it imports), the case's files and, for a candidate
+program, the candidate file. One stage command is one ``run`` instruction, so a worker that dies
+is reported with the instruction, and so the phase, it died in.
+
+Per item: a *trusted* program makes the inputs and runs the reference (cached, as locally); one
+*candidate* program imports the candidate and runs correctness, timing and the last audit; in
+full mode, trusted programs time the baseline and recompute the reference for the timed outputs
+the candidate sent back. The candidate never shares a process with the reference or the baseline.
+Replies are compared in the pytest process by the same code as local runs (``correctness.py``,
+``pipeline.LocalExecutor``), so the messages, the JSON and the scores are the same.
+
+The candidate program runs its stages in one go (a fresh worker per stage would import it again);
+its replies are then replayed through ``ReplayedChild`` in stage order, so an item still ends at
+the first stage that fails and later stages' results are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_kcoral import protocol
+from pytest_kcoral.cases import Case
+from pytest_kcoral.isolation import ChildFailure
+from pytest_kcoral.options import Settings
+from pytest_kcoral.pipeline import ItemSpec, LocalExecutor
+from pytest_kcoral.results import ItemResult
+
+HARNESS_DIR = Path(__file__).resolve().parent
+# The server's limit is a backstop behind the runner's own watchdog, which names the phase.
+SERVER_TIMEOUT_GRACE_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+class RemoteUnavailable(Exception):
+    """The KCoral client is missing or the server does not answer: ``str()`` names the URL."""
+
+
+def connect(url: str) -> tuple[Any, dict[str, Any]]:
+    """A ``kcoral.Client`` for ``url`` and the server's health report."""
+    try:
+        import kcoral
+    except ImportError as exc:
+        raise RemoteUnavailable(
+            f"--kcoral-url {url}: the kcoral client is not installed ({exc}); pip install 'pytest-kcoral[remote]'"
+        ) from None
+    client = kcoral.Client(url, connect_timeout_seconds=CONNECT_TIMEOUT_S)
+    try:
+        health = client.health()
+    except Exception as exc:  # TransportError, KCoralError, ProtocolError: none of them can grade
+        client.close()
+        raise RemoteUnavailable(f"--kcoral-url {url}: cannot reach the KCoral server: {type(exc).__name__}: {exc}") from None
+    return client, health
+
+
+def _harness_files() -> dict[str, bytes]:
+    """The ``pytest_kcoral`` modules, as the worker imports them (``kcoral_harness/pytest_kcoral/...``)."""
+    files = {}
+    for path in sorted(HARNESS_DIR.rglob("*.py")):
+        rel = path.relative_to(HARNESS_DIR.parent).as_posix()
+        if "__pycache__" not in rel:
+            files[f"kcoral_harness/{rel}"] = path.read_bytes()
+    return files
+
+
+def _case_files(case: Case) -> dict[str, bytes]:
+    """The case folder's own files (not subfolders: ``candidates/`` stays here)."""
+    return {f"case/{p.name}": p.read_bytes() for p in sorted(case.folder.iterdir()) if p.is_file() and not p.name.endswith(".pyc")}
+
+
+class RemoteExecutor(LocalExecutor):
+    def __init__(self, settings: Settings, url: str) -> None:
+        from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE
+
+        self.url = url
+        self.client, health = connect(url)
+        device_kind = "cuda" if int(health.get("gpu_count") or 0) > 0 else "cpu"
+        # the server owns leases: no local lease is taken for remote items
+        super().__init__(settings, lease_factory=_no_lease, device_kind=device_kind)
+        self.worker_device = "cuda:0" if device_kind == "cuda" else "cpu"  # a worker sees its own GPU(s) only
+        self.server = {
+            "url": url,
+            "instance_id": health.get("instance_id"),
+            "gpu_count": health.get("gpu_count"),
+            "target": health.get("target"),
+            "versions": health.get("versions"),
+        }
+        self._bootstrap = BOOTSTRAP_SOURCE
+        self._harness = _harness_files()
+        self._programs: list[dict[str, Any]] = []
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- stages -------------------------------------------------------------------------------
+
+    def run(self, spec: ItemSpec) -> ItemResult:
+        self._programs = []
+        result = super().run(spec)
+        if result.outcome != "skipped" or self._programs:
+            result.extra["remote"] = dict(self.server, programs=self._programs)
+            if self._programs:
+                result.lease_wait_ms = sum(p["lease_wait_ms"] for p in self._programs)
+                result.lease_held_ms = sum(p["lease_held_ms"] for p in self._programs)
+        return result
+
+    def _run_stages(self, spec: ItemSpec, result: ItemResult, deadline: float) -> None:
+        from pytest_kcoral import correctness
+
+        case = spec.case
+        tol = correctness.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
+        device = self.worker_device
+        result.device = f"{device}@{self.url}"
+        self._deadline = deadline
+
+        def trusted() -> RemoteTrusted:
+            return RemoteTrusted(self, case)
+
+        # the inputs come from the trusted side first: the candidate's program carries them
+        ref = self._reference_data(spec, device, trusted, tol)
+        candidate = self._candidate_program(spec, ref, device)
+        self._stage("compile", lambda: candidate.call("start", "startup"))
+        self._stage("compile", lambda: candidate.call("load_candidate", "import"))
+        result.compiled = True
+        result.baseline_correct = ref.baseline_correct
+        result.weak_reference = ref.weak
+        self._check_correctness(spec, candidate, ref, device, tol, result)
+        result.correct = True
+        if self.settings.mode != "correctness":
+            self._time(spec, candidate, trusted, device, tol, result)
+        self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
+
+    def _stage(self, stage: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except ChildFailure as failure:
+            # a crash or a timeout belongs to the stage of the phase it happened in
+            if failure.kind in ("crash", "timeout") and failure.phase in _STAGE_OF_PHASE:
+                stage = _STAGE_OF_PHASE[failure.phase]
+            return super()._stage(stage, lambda: _reraise(failure))
+
+    def _candidate_program(self, spec: ItemSpec, ref: Any, device: str) -> ReplayedChild:
+        import torch
+
+        shape = spec.shape.params
+        poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
+        candidate_path = f"candidate/{spec.candidate.path.name}"
+        commands: list[tuple[str, str, dict[str, Any], Any]] = [
+            ("load_candidate", "import", {"path": candidate_path, "shape": shape}, None),
+            ("run", "correctness", {"shape": shape, "device": device, "poison_bytes": poison}, {"inputs": ref.inputs}),
+        ]
+        if self.settings.mode != "correctness":
+            from pytest_kcoral.pipeline import TIMING_INPUT_SETS, VERIFIED_TIMED_CALLS
+
+            budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
+            commands.append(("time", "timing", dict(shape=shape, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget,
+                                                    timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS), None))
+        commands.append(("finish", "finish", {}, None))
+        extra_files = {candidate_path: spec.candidate.path.read_bytes()}
+        return self.execute("candidate", spec.case, commands, extra_files)
+
+    # -- programs ----------------------------------------------------------------------------
+
+    def _case_spec(self, case: Case) -> dict[str, Any]:
+        # paths relative to the program's workspace, where ``_case_files`` puts them
+        spec = super()._case_spec(case)
+        spec["source"] = f"case/{case.source.name}"
+        if case.baseline_file:
+            spec["baseline_file"] = f"case/{case.baseline_file.name}"
+        return spec
+
+    def execute(self, role: str, case: Case, commands: list[tuple[str, str, dict[str, Any], Any]], extra_files: dict[str, bytes] | None = None) -> ReplayedChild:
+        """One program: upload, ``start``, one ``run`` per command, ``done``; its replies, replayable."""
+        from kcoral import Program
+
+        budget_s = self._deadline - time.monotonic()
+        if budget_s <= 0:
+            return ReplayedChild.failed(ChildFailure("timeout", commands[0][1], f"timed out before phase '{commands[0][1]}' (item timeout reached)"))
+        program = Program()
+        for path, data in {**self._harness, **_case_files(case), **(extra_files or {})}.items():
+            program.upload_file(blob=data, path=path)
+        runner = program.upload(id="runner", kind="module", source=self._bootstrap)
+        start, command, done = (program.get_function(id=f"fn_{n}", module=runner, name=n) for n in ("start", "command", "done"))
+        phases = {"start": "startup"}
+        program.return_(key="start", value=program.run(id="start", fn=start, args=[role, self._case_spec(case), self._child_env(), budget_s]))
+        for cmd, phase, header, payload in commands:
+            args: list[Any] = [cmd, json.dumps(header), None]
+            if payload is not None:
+                args[2] = program.upload(id=f"payload_{cmd}", kind="bytes", value=protocol.encode_payload(payload))
+            phases[cmd] = phase
+            program.return_(key=cmd, value=program.run(id=cmd, fn=command, args=args))
+        program.run(id="done", fn=done)
+        return self._send(program, role, phases, budget_s)
+
+    def _send(self, program: Any, role: str, phases: dict[str, str], budget_s: float) -> ReplayedChild:
+        from kcoral import KCoralError
+
+        first = next(iter(phases.values()))
+        started = time.monotonic()
+        try:
+            outcome = self.client.execute(program, timeout_seconds=budget_s + SERVER_TIMEOUT_GRACE_S)
+        except KCoralError as exc:
+            if exc.status_code == 504 or exc.kind == "timeout":
+                # the server's own limit: it does not say which instruction was running
+                failure = ChildFailure("timeout", "unknown", f"timed out on the KCoral server (item timeout reached; request {exc.request_id})")
+            else:
+                failure = ChildFailure("protocol", first, f"the KCoral server at {self.url} refused the {role} program: {exc} (kind {exc.kind})")
+            return ReplayedChild.failed(failure)
+        except Exception as exc:  # TransportError, ProtocolError
+            return ReplayedChild.failed(ChildFailure("protocol", first, f"KCoral server at {self.url}: {type(exc).__name__}: {exc}"))
+        wall_s = time.monotonic() - started
+        # waiting for a worker is not the item's own work (as waiting for a lease is not, locally)
+        self._deadline += outcome.queue_ms / 1000.0
+        self._programs.append({
+            "role": role,
+            "request_id": outcome.request_id,
+            "status": outcome.status,
+            "queue_ms": outcome.queue_ms,
+            "elapsed_ms": outcome.elapsed_ms,
+            "lease_wait_ms": outcome.lease_wait_ms,
+            "lease_held_ms": outcome.lease_held_ms,
+            "gpu_ids": list(outcome.gpu_ids),
+        })
+        return ReplayedChild(outcome, phases, wall_s >= budget_s)
+
+
+class RemoteTrusted:
+    """The trusted side of one item, as ``LocalExecutor`` drives a trusted child: one program per call."""
+
+    def __init__(self, executor: RemoteExecutor, case: Case) -> None:
+        self.executor = executor
+        self.case = case
+
+    def call(self, cmd: str, phase: str, payload: Any = None, **fields: Any) -> tuple[dict[str, Any], Any]:
+        replay = self.executor.execute("trusted", self.case, [(cmd, phase, fields, payload)])
+        replay.call("start", "startup")
+        return replay.call(cmd, phase)
+
+    def close(self) -> None:
+        pass  # each program had a worker of its own, gone with it
+
+
+class ReplayedChild:
+    """A finished program's replies, handed out one command at a time like ``isolation.Child``."""
+
+    def __init__(self, outcome: Any, phases: dict[str, str], out_of_time: bool) -> None:
+        self.outcome = outcome
+        self.phases = phases
+        self.out_of_time = out_of_time
+        self.failure: ChildFailure | None = None
+        # the whole program's time on the server bounds any one command's (``implausible_stats``)
+        self.last_call_s = outcome.elapsed_ms / 1000.0 if outcome is not None else 0.0
+
+    @classmethod
+    def failed(cls, failure: ChildFailure) -> ReplayedChild:
+        replay = cls(None, {}, False)
+        replay.failure = failure
+        return replay
+
+    def call(self, cmd: str, phase: str, payload: Any = None, **_fields: Any) -> tuple[dict[str, Any], Any]:
+        if self.failure is not None:
+            raise self.failure
+        reply = self.outcome.results.get(cmd)
+        if reply is None:
+            failure = self._program_failure(cmd, phase)
+            order = list(self.phases)
+            failed_at = (self.outcome.error or {}).get("instruction_id")
+            if cmd in _GATES_ONLY and failed_at in order and order.index(failed_at) > order.index(cmd):
+                # KCoral drops every reply of a program whose worker died, also those that came
+                # before; a later command ran the candidate, so this gate had passed
+                return {"ok": True, "reply_lost": True}, None
+            raise failure
+        header = json.loads(reply["header"])
+        if not header.get("ok"):
+            error = header.get("error") or {}
+            message = f"{error.get('type', 'Error')}: {error.get('message', '')}"
+            if error.get("detected"):
+                message = f"detected after the candidate ran in phase '{phase}': {error.get('message', '')}"
+            raise ChildFailure("error", phase, message, self._output(), error)
+        try:
+            data = protocol.decode_payload(reply["payload"]) if reply.get("payload") is not None else None
+        except protocol.ProtocolError as exc:
+            raise ChildFailure("protocol", phase, f"sent a malformed reply in phase '{phase}': {exc}", self._output()) from None
+        return header, data
+
+    def _program_failure(self, cmd: str, phase: str) -> ChildFailure:
+        """No reply for ``cmd``: the program failed at it (or before it)."""
+        error = self.outcome.error or {}
+        failed_at = error.get("instruction_id")
+        at_phase = self.phases.get(failed_at or "", phase)
+        if error.get("kind") == "runtime" and "worker exited" in error.get("message", ""):
+            if self.out_of_time:
+                return ChildFailure("timeout", at_phase, f"timed out in phase '{at_phase}' (item timeout reached)", self._output())
+            return ChildFailure("crash", at_phase, f"the KCoral worker exited in phase '{at_phase}' (a crash, os._exit or a kill; "
+                                                   "the server does not report the exit status)", self._output())
+        kind = error.get("kind", "unknown")
+        return ChildFailure("protocol", at_phase, f"the KCoral program failed at instruction {failed_at!r} ({kind}): {error.get('message', '')}", self._output())
+
+    def _output(self) -> str:
+        if self.outcome is None:
+            return ""
+        return "\n".join(s for s in (self.outcome.stdout, self.outcome.stderr) if s)
+
+
+# Commands whose reply only opens the gate to the next stage (their data is not needed).
+_GATES_ONLY = ("start", "load_candidate")
+# The stage a failure in each phase belongs to (a lost reply raises it from an earlier stage's call).
+_STAGE_OF_PHASE = {"startup": "compile", "import": "compile", "correctness": "correctness", "timing": "timing"}
+
+
+def _reraise(failure: ChildFailure) -> Any:
+    raise failure
+
+
+def _no_lease(_label: str) -> Any:
+    raise AssertionError("remote items take no local lease: the KCoral server owns the devices")

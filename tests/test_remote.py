@@ -1,0 +1,180 @@
+"""Remote execution (``--kcoral-url``): items graded by a real ``kcoral server --device cpu``.
+
+The server runs on a free loopback port for this module and is stopped (by its pid) afterwards.
+Where kcoral or its server dependencies are missing, or the server cannot start, the tests skip
+with that reason: ``pip install -e ".[remote]"`` installs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# imported here, not first inside an in-process pytester run (which would drop it again)
+kcoral = pytest.importorskip("kcoral", reason="kcoral is not installed: pip install -e '.[remote]'")
+import pytest_kcoral.remote  # noqa: E402, F401
+
+WRONG = "def run(a, b):\n    return a - b\n"
+EXITS = "import os\n\ndef run(a, b):\n    os._exit(3)\n"
+HANGS = "def run(a, b):\n    while True:\n        pass\n"
+BROKEN = "import no_such_module_anywhere\n"
+SERVER_START_S = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bwrap_works() -> bool:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    return subprocess.run([bwrap, "--ro-bind", "/", "/", "true"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def kcoral_url(tmp_path_factory: pytest.TempPathFactory):
+    """A real ``kcoral server --device cpu`` on a free loopback port, stopped after the module."""
+    for module in ("fastapi", "uvicorn"):
+        try:
+            __import__(module)
+        except ImportError:
+            pytest.skip(f"the kcoral server needs {module}: pip install -e '.[remote]'")
+    workdir = tmp_path_factory.mktemp("kcoral-server")
+    log_path = workdir / "server.log"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    # the server's own bubblewrap isolation where it works here; plain workers otherwise
+    sandbox = "bubblewrap" if _bwrap_works() else "none"
+    command = [sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+               "--num-workers", "2", "--sandbox", sandbox, "--log-dir", "", "--disk-cache-dir", ""]
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        reason = _wait_until_ready(server, url, log_path)
+        if reason:
+            pytest.skip(reason)
+        yield url
+    finally:
+        server.terminate()  # a clean shutdown stops the workers (bubblewrap's --die-with-parent too)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            os.kill(server.pid, 9)
+            server.wait(10)
+
+
+def _wait_until_ready(server: subprocess.Popen, url: str, log_path: Path) -> str | None:
+    """None once the server answers and a worker has run a program; otherwise why not."""
+    deadline = time.monotonic() + SERVER_START_S
+    with kcoral.Client(url, connect_timeout_seconds=2) as client:
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                return f"kcoral server exited with status {server.returncode}: {_tail(log_path)}"
+            try:
+                client.health()
+            except Exception:
+                time.sleep(0.3)
+                continue
+            program = kcoral.Program()
+            fn = program.get_function(module=program.upload(kind="module", source="def one():\n    return 1\n"), name="one")
+            program.return_(key="one", value=program.run(fn=fn))
+            try:
+                outcome = client.execute(program, timeout_seconds=60)
+            except Exception as exc:
+                return f"kcoral server cannot run a program: {exc}: {_tail(log_path)}"
+            if outcome.completed and outcome["one"] == 1:
+                return None
+            return f"kcoral server cannot run a program: {outcome.error}: {_tail(log_path)}"
+    return f"kcoral server did not answer within {SERVER_START_S:.0f} s: {_tail(log_path)}"
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-1500:]
+
+
+def _items(path: Path) -> dict[str, dict]:
+    return {item["nodeid"]: item for item in json.loads(path.read_text())["items"]}
+
+
+def test_remote_passing_candidate_runs_every_stage_on_the_server(make_case, run_kcoral, pytester, kcoral_url):
+    make_case("cases/add")
+    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1, deselected=1)
+    (item,) = _items(pytester.path / "out.json").values()
+    assert item["stage"] == "done" and item["correct"] is True
+    assert item["device"] == f"cpu@{kcoral_url}"
+    assert item["timer"] == "wall" and item["speedup"] is not None
+    remote = item["extra"]["remote"]
+    assert remote["url"] == kcoral_url and remote["gpu_count"] == 0
+    # the reference, the candidate, the baseline's timing and the timed outputs' reference
+    assert [p["role"] for p in remote["programs"]] == ["trusted", "candidate", "trusted", "trusted"]
+    assert all(p["status"] == "COMPLETED" for p in remote["programs"])
+    # the server owns the leases: what it reports is what the item says (a CPU server holds none)
+    assert item["lease_wait_ms"] == 0.0 and item["lease_held_ms"] == 0.0
+
+
+def test_remote_wrong_candidate_fails_correctness_with_the_local_message(make_case, run_kcoral, pytester, kcoral_url):
+    make_case("cases/add", candidates={"wrong": WRONG})
+    common = ("-m", "seen", "--kcoral-mode", "correctness", "--kcoral-seed", "7")
+    local = run_kcoral(*common, "--kcoral-json", "local.json")
+    local.assert_outcomes(failed=1, deselected=1)
+    remote = run_kcoral(*common, "--kcoral-url", kcoral_url, "--kcoral-json", "remote.json")
+    remote.assert_outcomes(failed=1, deselected=1)
+    remote.stdout.fnmatch_lines(["*kcoral correctness failed: trial 1 of 3: output 0: * elements * outside atol*"])
+    (local_item,) = _items(pytester.path / "local.json").values()
+    (remote_item,) = _items(pytester.path / "remote.json").values()
+    assert remote_item["stage"] == local_item["stage"] == "correctness"
+    assert remote_item["message"] == local_item["message"]
+
+
+def test_remote_compile_error_fails_compile(make_case, run_kcoral, kcoral_url):
+    make_case("cases/add", candidates={"broken": BROKEN})
+    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': ModuleNotFoundError: No module named 'no_such_module_anywhere'*"])
+
+
+def test_remote_crash_fails_its_item_not_the_session(make_case, run_kcoral, kcoral_url):
+    make_case("cases/add", candidates={"exits": EXITS, "good": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1, passed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: the KCoral worker exited in phase 'correctness'*"])
+
+
+def test_remote_hang_times_out_in_the_phase_it_reached(make_case, run_kcoral, kcoral_url):
+    make_case("cases/add", candidates={"hangs": HANGS})
+    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness", "--kcoral-timeout", "15")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: timed out in phase 'correctness' (item timeout reached)*"])
+
+
+def test_local_and_remote_runs_agree_per_nodeid(make_case, run_kcoral, pytester, kcoral_url):
+    make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "wrong": WRONG, "broken": BROKEN})
+    common = ("-m", "seen", "--kcoral-seed", "11")
+    run_kcoral(*common, "--kcoral-json", "local.json").assert_outcomes(passed=1, failed=2, deselected=3)
+    run_kcoral(*common, "--kcoral-url", kcoral_url, "--kcoral-json", "remote.json").assert_outcomes(passed=1, failed=2, deselected=3)
+    local, remote = _items(pytester.path / "local.json"), _items(pytester.path / "remote.json")
+    assert local.keys() == remote.keys()
+    for nodeid, item in local.items():
+        fields = ("outcome", "stage", "compiled", "correct", "baseline_correct", "timer")
+        assert {f: remote[nodeid][f] for f in fields} == {f: item[f] for f in fields}, nodeid
+        assert set(remote[nodeid]) == set(item), nodeid  # the same ItemResult fields
+
+
+def test_unreachable_url_is_a_usage_error_naming_it(make_case, run_kcoral):
+    make_case("cases/add")
+    url = f"http://127.0.0.1:{_free_port()}"
+    result = run_kcoral("--kcoral-url", url)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--kcoral-url {url}: cannot reach the KCoral server: TransportError:*"])
