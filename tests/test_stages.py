@@ -119,3 +119,43 @@ def test_trials_option_sets_the_number_of_input_sets(make_case, run_kcoral):
     make_case("cases/add", candidates={"bad": "def run(a, b):\n    return a - b\n"})
     result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-trials", "5", "-m", "seen")
     result.stdout.fnmatch_lines(["*trial 5 of 5: output 0:*"])
+
+
+def test_a_failing_reference_is_reported_as_the_cases_fault(make_case, run_kcoral):
+    broken = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    raise ValueError("reference bug")
+"""
+    make_case("cases/bad_ref", broken, {"good": "def run(x):\n    return x\n"})
+    make_case("cases/add", candidates={"good": GOOD})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed in phase 'reference': the case itself failed (not the candidate): ValueError: reference bug*"])
+
+
+def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral, pytester):
+    import json
+
+    case = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+
+def baseline(a, b):
+    return a - b
+"""
+    make_case("cases/add", case, {"good": GOOD})
+    run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["correct"] is True and item["baseline_correct"] is False
