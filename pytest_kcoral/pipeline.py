@@ -149,11 +149,15 @@ class LocalExecutor:
         case, shape = spec.case, spec.shape
         tol = correctness.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
         with contextlib.ExitStack() as stack:
-            candidate = self._stage(
-                "compile",
-                lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name, self.sandbox)),
-            )
-            self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
+            try:
+                candidate = self._stage(
+                    "compile",
+                    lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name, self.sandbox)),
+                )
+                self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
+            except StageFailed:
+                self._record_baseline_only(spec, result, tol)
+                raise
             result.compiled = True
 
             lease = stack.enter_context(self._lease(spec, result))
@@ -179,6 +183,20 @@ class LocalExecutor:
             # the last word: the child's audit runs once more, and a reply left over in the
             # channel (a forged one answered a command before the genuine one) shows here
             self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
+
+    def _record_baseline_only(self, spec: ItemSpec, result: ItemResult, tol: correctness.Tolerance) -> None:
+        """Whether the baseline is correct on this shape, also when the candidate never compiled:
+        conditional correctness and its quadrants count every item (usually a cache hit)."""
+        # the case's own work gets its own budget: the candidate may have used up the item's
+        deadline = time.monotonic() + self.settings.timeout_s
+        try:
+            with self._lease(spec, result) as lease:
+                deadline += lease.wait_ms / 1000.0
+                ref = self._reference_data(spec, result.device or "cpu", lambda: self._trusted_child(spec.case, deadline), tol)
+        except (StageFailed, ItemSkipped, ChildFailure):
+            return  # the compile failure stays the item's verdict
+        result.baseline_correct = ref.baseline_correct
+        result.weak_reference = ref.weak
 
     def _stage(self, stage: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -256,15 +274,17 @@ class LocalExecutor:
 
     def _trusted_call(self, trusted: Callable[[], Child], cmd: str, phase: str, **fields: Any) -> tuple[dict, Any]:
         """A trusted child failing is the case's fault, not the candidate's: say so."""
-        child = trusted()
+        child = None
         try:
+            child = trusted()  # starting it can fail too (a case that crashes or hangs at import)
             return child.call(cmd, phase, **fields)
         except ChildFailure as failure:
             # never reuse a child that failed: it may be dead, hung or in a bad state
-            for key, kept in list(self._trusted.items()):
-                if kept is child:
-                    del self._trusted[key]
-            child.close()
+            if child is not None:
+                for key, kept in list(self._trusted.items()):
+                    if kept is child:
+                        del self._trusted[key]
+                child.close()
             if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
                 raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
             stage = "timing" if phase in ("baseline", "verify") else "correctness"

@@ -124,12 +124,13 @@ class RemoteExecutor(LocalExecutor):
 
         # the inputs come from the trusted side first: the candidate's program carries them
         ref = self._reference_data(spec, device, trusted, tol)
+        # known before the candidate runs, so a compile failure still counts in the quadrants
+        result.baseline_correct = ref.baseline_correct
+        result.weak_reference = ref.weak
         candidate = self._candidate_program(spec, ref, device)
         self._stage("compile", lambda: candidate.call("start", "startup"))
         self._stage("compile", lambda: candidate.call("load_candidate", "import"))
         result.compiled = True
-        result.baseline_correct = ref.baseline_correct
-        result.weak_reference = ref.weak
         self._check_correctness(spec, candidate, ref, device, tol, result)
         result.correct = True
         if self.settings.mode != "correctness":

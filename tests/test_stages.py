@@ -159,3 +159,51 @@ def baseline(a, b):
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["correct"] is True and item["baseline_correct"] is False
+
+
+def test_baseline_correctness_is_recorded_when_the_candidate_does_not_compile(make_case, run_kcoral, pytester):
+    import json
+
+    case = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+
+def baseline(a, b):
+    return a - b
+"""
+    make_case("cases/add", case, {"broken": "def run(a, b) return a\n"})
+    run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(failed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["stage"] == "compile" and item["compiled"] is False
+    assert item["baseline_correct"] is False  # known, so the quadrants can count this item
+
+
+def test_a_case_that_hangs_at_import_in_the_trusted_child_fails_cleanly(make_case, run_kcoral, pytester):
+    # the case imports fine in the pytest process but hangs in children (a marker file decides)
+    marker = pytester.path / "in_pytest_process"
+    case = f"""
+import os, time, torch
+if not os.path.exists({str(marker)!r}):
+    while True:
+        time.sleep(0.1)
+SEEN = [{{"n": 64}}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return x
+"""
+    make_case("cases/slow", case, {"good": "def run(x):\n    return x\n"})
+    marker.write_text("")
+    # children run after collection: remove the marker once the case has been collected
+    pytester.makeconftest(f"def pytest_collection_finish(session):\n    import os\n    os.remove({str(marker)!r})\n")
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*kcoral * failed*timed out in phase 'startup'*"])
