@@ -13,7 +13,7 @@ import importlib.util
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,7 +57,6 @@ class Case:
     has_baseline: bool = False  # a baseline other than the reference
     baseline_file: Path | None = None  # native cases may keep the baseline in baseline.py
     content_hash: str = ""
-    timing_hints: dict[str, Any] = field(default_factory=dict)  # bench.json warmup/repeat
 
     @property
     def name(self) -> str:
@@ -268,7 +267,6 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         raise CaseError(bench_py, "baseline must be a function")
     shapes = seen + unseen
     _check_unique(config_path, shapes)
-    hints = {k: config[k] for k in ("warmup", "repeat") if k in config}
     return Case(
         folder=folder,
         case_id=case_id,
@@ -280,5 +278,4 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         rtol=_tolerance(config_path, config, "rtol"),
         has_baseline=baseline is not None,
         content_hash=content_hash(folder),
-        timing_hints=hints,
     )

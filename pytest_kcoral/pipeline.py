@@ -202,11 +202,15 @@ class LocalExecutor:
         try:
             return fn()
         except ChildFailure as failure:
-            if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
-                raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
+            self._skip_if_case_needs_cuda(failure)
             if failure.kind == "error" and failure.error.get("compile_error"):
                 stage = "compile"
             raise StageFailed(stage, _describe_child_failure(stage, failure), failure.phase) from None
+
+    def _skip_if_case_needs_cuda(self, failure: ChildFailure) -> None:
+        """On a machine without a GPU, a case whose inputs need CUDA skips instead of failing."""
+        if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
+            raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
 
     @contextlib.contextmanager
     def _lease(self, spec: ItemSpec, result: ItemResult) -> Iterator[Any]:
@@ -285,8 +289,7 @@ class LocalExecutor:
                     if kept is child:
                         del self._trusted[key]
                 child.close()
-            if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
-                raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
+            self._skip_if_case_needs_cuda(failure)
             stage = "timing" if phase in ("baseline", "verify") else "correctness"
             raise StageFailed(stage, "the case itself failed (not the candidate): " + _describe_child_failure(stage, failure), phase) from None
 

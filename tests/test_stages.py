@@ -51,6 +51,22 @@ def run(a, b):
 """
 
 
+# A case whose baseline disagrees with its reference: a finding, never an item failure.
+DISAGREEING_BASELINE = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+
+def baseline(a, b):
+    return a - b
+"""
+
+
 def _junit_properties(path):
     props = {}
     for case in ET.parse(path).getroot().iter("testcase"):
@@ -142,20 +158,7 @@ def reference(x):
 def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral, pytester):
     import json
 
-    case = """
-import torch
-SEEN = [{"n": 64}]
-
-def make_inputs(shape, device):
-    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
-
-def reference(a, b):
-    return a + b
-
-def baseline(a, b):
-    return a - b
-"""
-    make_case("cases/add", case, {"good": GOOD})
+    make_case("cases/add", DISAGREEING_BASELINE, {"good": GOOD})
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["correct"] is True and item["baseline_correct"] is False
@@ -164,20 +167,7 @@ def baseline(a, b):
 def test_baseline_correctness_is_recorded_when_the_candidate_does_not_compile(make_case, run_kcoral, pytester):
     import json
 
-    case = """
-import torch
-SEEN = [{"n": 64}]
-
-def make_inputs(shape, device):
-    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
-
-def reference(a, b):
-    return a + b
-
-def baseline(a, b):
-    return a - b
-"""
-    make_case("cases/add", case, {"broken": "def run(a, b) return a\n"})
+    make_case("cases/add", DISAGREEING_BASELINE, {"broken": "def run(a, b) return a\n"})
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(failed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["stage"] == "compile" and item["compiled"] is False
