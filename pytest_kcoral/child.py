@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from pytest_kcoral import leftovers, protocol, tamper
+from pytest_kcoral.timing import pinning
 
 TRUSTED = "trusted"
 CANDIDATE = "candidate"
@@ -196,7 +197,7 @@ class _Runner:
     def _cmd_time_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(TRUSTED)
         reply, payload = self._time(header, lambda shape, args: self.case.bind_baseline(shape, args))
-        cost = self.case.cost(header["shape"])
+        cost = self.case.cost(header["shape"]) if header.get("floor", True) else None
         if cost and cost.get("bytes"):
             from pytest_kcoral import physical_floor
 
@@ -278,16 +279,21 @@ class _Runner:
             elif _rng.random() < keep / seen_samples:
                 kept[_rng.randrange(keep)] = {"seed": seeds[k], "out": _clone_outputs(out)}
 
-        stats = timing.measure(
-            lambda k: fns[k](),
-            n_sets=n_sets,
-            refresh=refresh,
-            on_output=on_output,
-            device=self.device,
-            method=header.get("timer"),
-            budget_s=float(header.get("budget_s", 1.0)),
-            min_samples=int(header.get("min_samples", 5)),
-        )
+        cpu = header.get("cpu")
+        with pinning.pinned(cpu) as is_pinned:
+            stats = timing.measure(
+                lambda k: fns[k](),
+                n_sets=n_sets,
+                refresh=refresh,
+                on_output=on_output,
+                device=self.device,
+                method=header.get("timer"),
+                budget_s=float(header.get("budget_s", 1.0)),
+                warmup_s=float(header.get("warmup_s", 0.05)),
+                min_samples=int(header.get("min_samples", 5)),
+            )
+        if is_pinned:
+            stats.flags.append(f"timing_cpu={cpu}")
         verify = []
         for entry in kept:
             out_tuple, problems = _inspect_outputs(entry["out"], (), self.device)

@@ -52,6 +52,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Directory for diagnostics files")
     group.addoption("--kcoral-timing-budget", type=float, default=None, metavar="S",
                     help="Seconds of timed samples per callable (default 1.0 on a GPU, 0.2 on a CPU)")
+    group.addoption("--kcoral-timing-cpu", default="auto", metavar="auto|off|N",
+                    help="CPU core that GPU timing (baseline and candidate alike) runs on: auto picks one per GPU")
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Settings:
     sandbox: bool
     artifacts: Path | None
     timing_budget_s: float | None
+    timing_cpu: str = "auto"  # "auto" | "off" | a core number, see timing/pinning.py
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -90,6 +93,11 @@ class Settings:
         lease_dir = opt("kcoral_lease_dir")
         artifacts = opt("kcoral_artifacts")
         timer = opt("kcoral_timer")
+        timing_cpu = str(opt("kcoral_timing_cpu"))
+        if timing_cpu not in ("auto", "off") and not timing_cpu.isdigit():
+            raise pytest.UsageError(f"--kcoral-timing-cpu must be auto, off or a core number, not {timing_cpu!r}")
+        if timing_cpu.isdigit() and hasattr(os, "sched_getaffinity") and int(timing_cpu) not in os.sched_getaffinity(0):
+            raise pytest.UsageError(f"--kcoral-timing-cpu {timing_cpu}: not one of this process's cores {sorted(os.sched_getaffinity(0))}")
         return cls(
             mode=opt("kcoral_mode"),
             submissions=tuple(Path(p) for p in opt("kcoral_submissions")),
@@ -108,4 +116,5 @@ class Settings:
             sandbox=opt("kcoral_sandbox"),
             artifacts=Path(artifacts) if artifacts else None,
             timing_budget_s=opt("kcoral_timing_budget"),
+            timing_cpu=timing_cpu,
         )

@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-from pytest_kcoral import correctness, static_report
+from pytest_kcoral import correctness, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
 from pytest_kcoral.isolation import Child, ChildFailure
 from pytest_kcoral.options import Settings
 from pytest_kcoral.results import ItemResult, TimingStats, speedup_between
+from pytest_kcoral.timing import pinning
 
 # Timed-call samples kept for checking against the reference.
 VERIFIED_TIMED_CALLS = 2
 TIMING_INPUT_SETS = 3
+TIMING_ROUNDS = 4  # per side, interleaved: see LocalExecutor._time
+_WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
+
+
+def _warmup_s(round_index: int) -> float:
+    return _WARMUP_S if round_index == 0 else 0.0
 # Trusted children kept alive per worker (one per case, least recently used closed first).
 MAX_TRUSTED_CHILDREN = 4
 
@@ -79,6 +87,8 @@ def derive_seed(session_seed: int, *parts: Any) -> int:
 
 
 class LocalExecutor:
+    timing_rounds = TIMING_ROUNDS
+
     def __init__(self, settings: Settings, lease_factory: LeaseFactory, device_kind: str, sandbox: Any = None) -> None:
         self.settings = settings
         self.sandbox = sandbox  # sandbox.Sandbox under --kcoral-sandbox: children run inside it
@@ -320,25 +330,59 @@ class LocalExecutor:
 
     def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
         budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
-        common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget, timer=self.settings.timer)
-        # baseline first, then the candidate, back to back on the same device under one lease
-        base_header, _ = self._trusted_call(trusted, "time_baseline", "baseline", verify=0, **common)
-        header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=VERIFIED_TIMED_CALLS, **common))
-        baseline_stats = TimingStats.from_dict(base_header["stats"])
-        impossible = implausible_stats(header["stats"], candidate.last_call_s)
-        if impossible:
-            raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing")
-        candidate_stats = TimingStats.from_dict(header["stats"])
-        result.baseline_timing = base_header["stats"]
-        result.candidate_timing = header["stats"]
-        result.t_baseline_us = baseline_stats.median_us if baseline_stats else None
-        result.t_candidate_us = candidate_stats.median_us if candidate_stats else None
-        result.timer = candidate_stats.method if candidate_stats else None
+        rounds = self.timing_rounds
+        common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
+                      timer=self.settings.timer, cpu=pinning.choose(device, self.settings.timing_cpu))
+        # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
+        # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
+        # in one process, see docs/performance.md), and a drift then hits both sides alike. The
+        # timed outputs checked against the reference come from rounds picked at random.
+        verified_rounds = set(random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(range(rounds), min(rounds, VERIFIED_TIMED_CALLS)))
+        per_round = max(1, VERIFIED_TIMED_CALLS // rounds)
+        base_rounds: list[TimingStats] = []
+        cand_rounds: list[TimingStats] = []
+        verify: list[dict] = []
+        floor: dict | None = None
+
+        def time_baseline(r: int) -> None:
+            nonlocal floor
+            # the physical floor (a bandwidth measurement) once, in the first round
+            header, _ = self._trusted_call(trusted, "time_baseline", "baseline", verify=0, warmup_s=_warmup_s(r), floor=r == 0, **common)
+            base_rounds.append(TimingStats.from_dict(header["stats"]))
+            floor = header.get("floor") or floor
+
+        def time_candidate(r: int) -> None:
+            keep = per_round if r in verified_rounds else 0
+            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=keep, warmup_s=_warmup_s(r), **common))
+            impossible = implausible_stats(header["stats"], candidate.last_call_s)
+            if impossible:
+                raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing")
+            stats_ = TimingStats.from_dict(header["stats"])
+            if len(payload["verify"]) != min(keep, stats_.n if stats_ else 0):
+                raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep} (results forged?)", "verify")
+            cand_rounds.append(stats_)
+            verify.extend(payload["verify"])
+
+        for r in range(rounds):
+            first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
+            first(r)
+            second(r)
+        try:
+            baseline_stats = timing.combine_rounds(base_rounds)
+        except ValueError as exc:
+            raise StageFailed("timing", f"the baseline's timing rounds disagree: {exc}", "baseline") from exc
+        try:
+            candidate_stats = timing.combine_rounds(cand_rounds)
+        except ValueError as exc:
+            raise StageFailed("timing", f"the candidate's timing rounds disagree: {exc}", "timing") from exc
+        result.baseline_timing = baseline_stats.to_dict()
+        result.candidate_timing = candidate_stats.to_dict()
+        result.t_baseline_us = baseline_stats.median_us
+        result.t_candidate_us = candidate_stats.median_us
+        result.timer = candidate_stats.method
         result.speedup = speedup_between(baseline_stats, candidate_stats)
-        if len(payload["verify"]) != min(VERIFIED_TIMED_CALLS, candidate_stats.n if candidate_stats else 0):
-            raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {VERIFIED_TIMED_CALLS} (results forged?)", "verify")
-        self._verify_timed_outputs(trusted, payload["verify"], spec, device, tol)
-        self._check_floor(base_header.get("floor"), baseline_stats, candidate_stats, result)
+        self._verify_timed_outputs(trusted, verify, spec, device, tol)
+        self._check_floor(floor, baseline_stats, candidate_stats, result)
         minimum = self.settings.min_speedup
         if minimum is not None:
             if result.speedup is None:

@@ -34,6 +34,8 @@ class TimingStats:
     host_bound: bool = False  # host time far above the GPU span: timed by the host clock
     same_work_every_call: bool | None = None  # every timed call launched the same set of kernels
     flags: list[str] = field(default_factory=list)
+    rounds: int = 1  # timing rounds merged into these figures, interleaved with the other side's
+    samples_us: list[float] | None = None  # per timed call, in call order (dropped once merged)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

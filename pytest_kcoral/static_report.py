@@ -51,6 +51,9 @@ _ATTRIBUTES = {
     "environ": "the environment (secrets, seeds)",
     "persisting_l2_cache_size": "persisting L2",
     "accessPolicyWindow": "persisting L2",
+    "pin_memory": "pinned host memory (host compute a kernel can read without a copy)",
+    "cudaHostAlloc": "pinned host memory (host compute a kernel can read without a copy)",
+    "cudaHostRegister": "pinned host memory (host compute a kernel can read without a copy)",
     "reference": "calls into the reference",
     "baseline": "calls into the baseline",
 }

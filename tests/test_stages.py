@@ -197,3 +197,47 @@ def reference(x):
     result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "3")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*kcoral * failed*timed out in phase 'startup'*"])
+
+
+LOGGING_CASE = """
+import time
+import torch
+SEEN = [{"n": 64}]
+UNSEEN = []
+LOG = __LOG__
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+
+def baseline(a, b):
+    with open(LOG, "a") as f:
+        f.write(f"B {time.monotonic_ns()}\\n")
+    return a + b
+"""
+
+LOGGING_CANDIDATE = """
+import time
+def run(a, b):
+    with open(__LOG__, "a") as f:
+        f.write(f"C {time.monotonic_ns()}\\n")
+    return a + b
+"""
+
+
+def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_kcoral, pytester):
+    import json
+
+    log = repr(str(pytester.path / "calls.log"))
+    make_case("cases/add", LOGGING_CASE.replace("__LOG__", log), {"logged": LOGGING_CANDIDATE.replace("__LOG__", log)})
+    run_kcoral("--kcoral-json", "out.json").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["baseline_timing"]["rounds"] == item["candidate_timing"]["rounds"] == 4
+    assert item["candidate_timing"]["samples_us"] is None  # merged: the raw samples stay out of the artifact
+    calls = sorted((int(t), who) for who, t in (line.split() for line in (pytester.path / "calls.log").read_text().splitlines()))
+    runs = [who for n, (_, who) in enumerate(calls) if n == 0 or calls[n - 1][1] != who]
+    # correctness (baseline for the reference data, then the candidate), then four rounds a side
+    # ordered B C C B B C C B: runs of one side merge, so timing ends in B C B C B
+    assert runs[-5:] == ["B", "C", "B", "C", "B"], runs

@@ -285,3 +285,97 @@ def test_launch_overhead_does_not_make_a_call_host_bound() -> None:
     result = _sample_with(FakeGpuTimer(span_us=2.0), lambda i: busy_wait(0.00004))
     assert result.host_bound is False, result.flags
     assert result.median_us == 2.0
+
+
+def _round(samples, method="wall", flags=(), **kw):
+    ordered = sorted(samples)
+    return TimingStats(method=method, median_us=stats.median(ordered), n=len(samples), flags=list(flags),
+                       samples_us=list(samples), **kw)
+
+
+def test_combine_rounds_takes_the_statistics_of_all_samples_together():
+    a = _round([10.0, 11.0, 12.0], busy_us=9.0, records=2, host_median_us=20.0, same_work_every_call=True,
+               flags=["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=4.00", "rse_target_missed: 0.1 >= 0.005 after 3 samples"])
+    b = _round([30.0, 31.0], busy_us=11.0, records=2, host_median_us=40.0, same_work_every_call=False,
+               flags=["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=5.00", "host_bound: ..."], host_bound=True)
+    merged = timing.combine_rounds([a, b])
+    assert merged.n == 5 and merged.rounds == 2
+    assert merged.median_us == 12.0 and merged.min_us == 10.0
+    assert merged.samples_us is None  # the raw samples stay out of the artifact
+    assert merged.busy_us == 10.0 and merged.records == 2 and merged.host_median_us == 30.0
+    assert merged.host_bound is True and merged.same_work_every_call is False
+    # one flag of each kind, the first round's figure; convergence judged again on all samples
+    assert merged.flags[:3] == ["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=4.00", "host_bound: ..."]
+    assert merged.flags[3].startswith("rse_target_missed: ") and merged.flags[3].endswith("after 5 samples in 2 rounds")
+
+
+def test_combine_rounds_refuses_mixed_methods_and_empty_input():
+    with pytest.raises(ValueError, match="different methods: cupti, events"):
+        timing.combine_rounds([_round([1.0], "cupti"), _round([1.0], "events")])
+    with pytest.raises(ValueError, match="no timing rounds"):
+        timing.combine_rounds([])
+    with pytest.raises(ValueError, match="no samples"):
+        timing.combine_rounds([TimingStats(method="wall", median_us=1.0)])
+
+
+def test_benchmark_returns_its_samples_in_call_order():
+    result = pytest_kcoral.benchmark(lambda: None, budget_s=0.01, min_samples=7, warmup_s=0.0)
+    assert len(result["samples_us"]) == result["n"] >= 7
+    assert sorted(result["samples_us"])[0] == result["min_us"]
+
+
+def test_events_spans_use_the_stream_span_unless_side_work_shows():
+    from pytest_kcoral.timing import _events_times
+    from pytest_kcoral.timing.timers import side_work_detected
+
+    roles = ["empty", "timed", "empty", "timed"]
+    timed = [1, 3]
+    # honest: the synchronized span is the stream span plus the wake-up bias (5 us)
+    flags: list[str] = []
+    honest = [(0.0, 5.0), (12.0, 17.5), (0.0, 5.0), (12.2, 17.0)]
+    assert _events_times(honest, roles, timed, flags) == [12.0, 12.2]
+    assert not any(f.startswith("events_side_work") for f in flags)
+    # side work: the stream span is empty, the synchronized span holds a long kernel
+    flags = []
+    side = [(0.0, 5.0), (0.01, 805.0), (0.0, 5.0), (0.01, 806.0)]
+    assert _events_times(side, roles, timed, flags) == [800.0, 801.0]
+    assert any(f.startswith("events_side_work") for f in flags)
+    assert side_work_detected(100.0, 108.1) and not side_work_detected(100.0, 107.9)
+
+
+class _RecordedCupti:
+    """What the CUPTI timer hands the host-bound rule: the method and per-window records."""
+
+    method = "cupti"
+
+
+def _host_bound_verdict(work: dict[str, int], span_us: float, host_us: float) -> tuple[list[float], dict, list[str]]:
+    from pytest_kcoral.timing import _per_call_times
+    from pytest_kcoral.timing.cupti_timer import WindowRecords
+
+    roles = ["empty", "timed", "timed", "timed"]
+    host = [5.0, host_us, host_us, host_us]  # the empty window: 5 us of harness overhead
+    records = [WindowRecords()] + [WindowRecords(span_us=span_us, busy_us=span_us, records=sum(work.values()),
+                                                 work=Counter(work)) for _ in range(3)]
+    flags: list[str] = []
+    times, extra = _per_call_times(_RecordedCupti(), roles, host, [None] * 4, records=records, flags=flags)
+    return times, extra, flags
+
+
+def test_a_launch_slower_than_the_kernel_stays_gpu_timed_within_the_slack():
+    # a 1.5 us Triton kernel whose Python launch took 120 us on a loaded host
+    times, extra, flags = _host_bound_verdict({"_add_kernel": 1}, 1.5, 125.0)
+    assert times == [1.5] * 3 and not extra.get("host_bound")
+
+
+def test_host_time_far_above_the_span_is_timed_by_the_host_clock():
+    times, extra, flags = _host_bound_verdict({"_add_kernel": 1}, 1.5, 3005.0)
+    assert extra["host_bound"] and times == [3000.0] * 3
+    assert any(f.startswith("host_bound:") and "far above the GPU span" in f for f in flags)
+
+
+def test_a_call_fed_by_host_to_device_copies_is_host_bound_whatever_the_slack():
+    # computed on the host in 60 us, then copied in: CUPTI sees only the 2 us copy
+    times, extra, flags = _host_bound_verdict({timing.HOST_TO_DEVICE_COPY: 1}, 2.0, 65.0)
+    assert extra["host_bound"] and times == [60.0] * 3
+    assert any("the calls copy data from the host" in f for f in flags)

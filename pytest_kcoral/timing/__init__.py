@@ -39,7 +39,12 @@ from pytest_kcoral.timing import clocks, stats
 from pytest_kcoral.timing.clocks import perf_counter as _perf_counter
 
 RSE_TARGET = 0.005
-HOST_SLACK_US = 100.0
+# Host time this far above the GPU span (beyond the span itself) makes a call host-bound. Triton's
+# Python launcher alone took over 100 us for a 1.5 us kernel while another worker was busy
+# (docs/performance.md, scaling), so the slack is well above a loaded host's launch cost; a call
+# fed by host-to-device copies is host-bound whatever its slack.
+HOST_SLACK_US = 250.0
+HOST_TO_DEVICE_COPY = "memcpy:1"  # CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, as the CUPTI timer names it
 _CALIBRATION_CALLS = 10
 _CALIBRATE_EVERY = 4  # one empty window after every this many timed calls
 _FIRST_CHECK = 20  # fewer samples than this never end the loop early
@@ -50,6 +55,7 @@ __all__ = [
     "TimerUnavailable",
     "available_methods",
     "benchmark",
+    "combine_rounds",
     "measure",
     "prepare",
 ]
@@ -184,7 +190,7 @@ def measure(
                 if method == "cupti":
                     raise TimerUnavailable(f"CUPTI is in use: {busy}")
                 flags.append(f"fallback_to_events: CUPTI is in use: {busy}")
-                return run(EventsTimer(refs), flags)
+                return run(EventsTimer(refs, torch.device(device)), flags)
             try:
                 return run(CuptiTimer(refs.synchronize), list(flags))
             except CuptiUnavailable as exc:
@@ -192,7 +198,7 @@ def measure(
                     raise TimerUnavailable(str(exc)) from exc
                 flags.append(f"fallback_to_events: {exc}")
         if method in (None, "events"):
-            return run(EventsTimer(refs), flags)
+            return run(EventsTimer(refs, torch.device(device)), flags)
         return run(WallTimer(refs), flags)
 
 
@@ -232,7 +238,7 @@ def _sample(
     sync_first = timer.sync_before_window and sync is not None
     roles: list[str] = []  # one per window: "first", "warmup", "empty", "timed"
     host_us: list[float] = []  # per window
-    direct_us: list[float | None] = []  # per window: the events span; None for CUPTI and wall
+    direct_us: list[Any] = []  # per window: the events spans (stream, synchronized); None for CUPTI and wall
 
     def window(fn: Callable[[int], Any], k: int, role: str) -> Any:
         if flusher is not None:
@@ -308,6 +314,7 @@ def _sample(
         n=len(ordered),
         rse=rse if math.isfinite(rse) else 0.0,
         flags=flags,
+        samples_us=times,
         **extra,
     )
 
@@ -316,7 +323,7 @@ def _per_call_times(
     timer: Any,
     roles: list[str],
     host_us: list[float],
-    direct_us: list[float | None],
+    direct_us: list[Any],
     *,
     interim: bool = False,
     records: Any = None,
@@ -334,10 +341,7 @@ def _per_call_times(
             records = timer.interim()
         primary = [records[j].span_us for j in timed]
     elif timer.method == "events":
-        bias_us = stats.median(sorted(direct_us[j] for j, r in enumerate(roles) if r == "empty"))
-        primary = [max(0.0, direct_us[j] - bias_us) for j in timed]
-        if flags is not None:
-            flags.append(f"events_sync_bias_subtracted_us={bias_us:.2f}")
+        primary = _events_times(direct_us, roles, timed, flags)
     else:
         primary = [max(0.0, host_us[j] - host_overhead_us) for j in timed]
     if interim:
@@ -349,12 +353,15 @@ def _per_call_times(
         host_minus_overhead = [h - host_overhead_us for h in host_timed]
         unaccounted = sorted(h - p for h, p in zip(host_minus_overhead, primary))
         span_median = stats.median(sorted(primary))
-        if stats.median(unaccounted) > span_median + host_slack_us:
+        # computed on the host and copied in: the copy is all CUPTI sees of the work
+        fed_from_host = timer.method == "cupti" and any(records[j].work.get(HOST_TO_DEVICE_COPY) for j in timed)
+        if fed_from_host or stats.median(unaccounted) > span_median + host_slack_us:
             extra["host_bound"] = True
             assert flags is not None
+            why = "the calls copy data from the host" if fed_from_host else "far above the GPU span"
             flags.append(
                 f"host_bound: host time {extra['host_median_us']:.1f} us (harness overhead "
-                f"{host_overhead_us:.1f} us) far above the GPU span {span_median:.1f} us; "
+                f"{host_overhead_us:.1f} us), GPU span {span_median:.1f} us; {why}; "
                 "timed by the host clock"
             )
             primary = [max(p, h) for p, h in zip(primary, host_minus_overhead)]
@@ -406,7 +413,8 @@ def benchmark(
     ``device`` defaults to the device of the first tensor argument (else the current GPU, else
     the CPU). Keys: those of ``TimingStats`` (``method``, ``median_us``, ``iqr_us``, ``min_us``,
     ``n``, ``rse``, ``busy_us``, ``records``, ``host_median_us``, ``host_bound``,
-    ``same_work_every_call``, ``flags``) plus KCoral's ``latency_ms_median``, ``latency_ms_min``
+    ``same_work_every_call``, ``flags``, ``rounds``, and ``samples_us``: every timed call's time in
+    call order) plus KCoral's ``latency_ms_median``, ``latency_ms_min``
     and ``latency_ms_iqr``.
     """
     sets = [tuple(s) for s in input_sets] if input_sets is not None else [tuple(args)]
@@ -443,3 +451,72 @@ def _infer_device(args: Sequence[Any]) -> str:
         if clocks.capture_torch().cuda_available:
             return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
+
+
+def _events_times(direct_us: list[Any], roles: list[str], timed: list[int], flags: list[str] | None) -> list[float]:
+    """Per timed call: the stream-ordered event span, or the synchronized one when the call left
+    work on another stream or in a thread (see ``timers.EventsTimer``)."""
+    from pytest_kcoral.timing.timers import side_work_detected
+
+    bias_us = stats.median(sorted(direct_us[j][1] for j, r in enumerate(roles) if r == "empty"))
+    stream = [direct_us[j][0] for j in timed]
+    synced = [max(0.0, direct_us[j][1] - bias_us) for j in timed]
+    stream_median, sync_median = stats.median(sorted(stream)), stats.median(sorted(synced))
+    side_work = side_work_detected(stream_median, sync_median)
+    if flags is not None:
+        flags.append(f"events_sync_bias_subtracted_us={bias_us:.2f}")
+        flags.append(f"events_spans_us: stream {stream_median:.2f}, synchronized {sync_median:.2f}")
+        if side_work:
+            flags.append("events_side_work: the call left work on another stream or in a thread; "
+                         "timed by the synchronized span")
+    # never less than the stream-ordered span: the bias estimate must not make a call look faster
+    return [max(a, b) for a, b in zip(stream, synced)] if side_work else stream
+
+
+def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET) -> TimingStats:
+    """One callable's figures from several timing rounds, interleaved in time with the rounds of the
+    callable it is compared with (see ``LocalExecutor._time``): the statistics of all samples
+    together. Raises ``ValueError`` when the rounds were timed by different methods."""
+    if not rounds:
+        raise ValueError("no timing rounds to combine")
+    methods = sorted({r.method for r in rounds})
+    if len(methods) > 1:
+        raise ValueError(f"timing rounds used different methods: {', '.join(methods)}")
+    samples = [t for r in rounds for t in (r.samples_us or [])]
+    if not samples:
+        raise ValueError("timing rounds returned no samples")
+    ordered = sorted(samples)
+    rse = stats.rse_of_median(ordered)
+    flags: list[str] = []
+    seen_kinds: set[str] = set()
+    for flag in (f for r in rounds for f in r.flags):
+        kind = flag.split("=", 1)[0].split(":", 1)[0]
+        # one of each kind (a per-round figure, such as the events bias, is shown from the first
+        # round); the convergence verdict is recomputed below from all samples
+        if kind in seen_kinds or kind == "rse_target_missed":
+            continue
+        seen_kinds.add(kind)
+        flags.append(flag)
+    if not rse < rse_target:
+        flags.append(f"rse_target_missed: {rse:.4f} >= {rse_target} after {len(samples)} samples in {len(rounds)} rounds")
+
+    def median_of(values: list[float | None]) -> float | None:
+        return None if any(v is None for v in values) else stats.median(sorted(values))  # type: ignore[arg-type]
+
+    records = median_of([r.records for r in rounds])
+    same = [r.same_work_every_call for r in rounds]
+    return TimingStats(
+        method=methods[0],
+        median_us=stats.median(ordered),
+        iqr_us=stats.iqr(ordered),
+        min_us=ordered[0],
+        n=len(ordered),
+        rse=rse if math.isfinite(rse) else 0.0,
+        busy_us=median_of([r.busy_us for r in rounds]),
+        records=None if records is None else int(round(records)),
+        host_median_us=median_of([r.host_median_us for r in rounds]),
+        host_bound=any(r.host_bound for r in rounds),
+        same_work_every_call=None if any(v is None for v in same) else all(same),
+        flags=flags,
+        rounds=len(rounds),
+    )

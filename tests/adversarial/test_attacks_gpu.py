@@ -17,7 +17,7 @@ pytestmark = [
 # memory-bound and large enough that skipping the work would show as a large speedup
 GPU_CASE = """
 import torch
-SEEN = [{"n": 1 << 26}]
+SEEN = [{"n": 1 << 24}]
 
 def make_inputs(shape, device):
     return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
@@ -80,8 +80,10 @@ def _persist(a):
     window.hitProp = cudart.cudaAccessProperty.cudaAccessPropertyPersisting
     window.missProp = cudart.cudaAccessProperty.cudaAccessPropertyStreaming
     attr.accessPolicyWindow = window
-    return cudart.cudaStreamSetAttribute(torch.cuda.current_stream().cuda_stream,
-                                         cudart.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, attr)
+    ids = cudart.cudaStreamAttrID  # cuda-bindings 13 names the member after the launch attributes
+    attr_id = (ids.cudaStreamAttributeAccessPolicyWindow if hasattr(ids, "cudaStreamAttributeAccessPolicyWindow")
+               else ids.cudaLaunchAttributeAccessPolicyWindow)
+    return cudart.cudaStreamSetAttribute(torch.cuda.current_stream().cuda_stream, attr_id, attr)
 def run(a, b):
     global _set
     if not _set:
@@ -96,13 +98,28 @@ def run(a, b):
 """
 
 
+@pytest.fixture
+def run_kcoral_gpu(pytester: pytest.Pytester):
+    """Grade the pytester directory on the GPU, in a pytest subprocess: the shared ``run_kcoral``
+    hides the GPUs (its runs assert the same things on every host), these attacks need one."""
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess("-p", "kcoral", "-p", "no:cacheprovider",
+                                             "--kcoral-lease-dir", str(pytester.path / "leases"), *args,
+                                             timeout=300)
+
+    return run
+
+
 def _items(pytester):
-    return {it["candidate"]: it for it in json.loads((pytester.path / "out.json").read_text())["items"]}
+    items = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert all(str(it["device"]).startswith("cuda") for it in items), [it["device"] for it in items]
+    return {it["candidate"]: it for it in items}
 
 
-def test_side_stream_work_is_timed(make_case, run_kcoral, pytester):
+def test_side_stream_work_is_timed(make_case, run_kcoral_gpu, pytester):
     make_case("cases/add", GPU_CASE, {"side_stream": SIDE_STREAM})
-    result = run_kcoral("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=1)
     item = _items(pytester)["side_stream"]
     # 20 adds on the side stream are inside the window (device-wide synchronize): far slower than one
@@ -110,9 +127,9 @@ def test_side_stream_work_is_timed(make_case, run_kcoral, pytester):
     assert any(".Stream" in s for s in item["suspicious"]), item["suspicious"]
 
 
-def test_host_compute_and_copy_is_timed_by_the_host_clock(make_case, run_kcoral, pytester):
+def test_host_compute_and_copy_is_timed_by_the_host_clock(make_case, run_kcoral_gpu, pytester):
     make_case("cases/add", GPU_CASE, {"host": HOST_COMPUTE})
-    result = run_kcoral("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=1)
     item = _items(pytester)["host"]
     assert item["speedup"] < 0.5, item
@@ -120,20 +137,20 @@ def test_host_compute_and_copy_is_timed_by_the_host_clock(make_case, run_kcoral,
     assert item["candidate_timing"]["host_bound"] or item["speedup"] < 0.2, item["candidate_timing"]
 
 
-def test_patching_cuda_events_and_synchronize_is_detected(make_case, run_kcoral):
+def test_patching_cuda_events_and_synchronize_is_detected(make_case, run_kcoral_gpu):
     make_case("cases/add", GPU_CASE, {"patcher": PATCH_SYNC_AND_EVENTS})
-    result = run_kcoral()
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': detected after the candidate ran in phase 'import': "
                                  "replaced functions the harness relies on*torch.cuda.synchronize*"])
 
 
-def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral, pytester):
+def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral_gpu, pytester):
     pytest.importorskip("cuda.bindings", reason="the attack needs cuda-python (cuda-bindings) to set an access policy window")
     status = pytester.path / "persist_status.txt"
     make_case("cases/add", GPU_CASE, {"persist": PERSISTING_L2.replace("STATUS_PATH", repr(str(status))),
                                       "plain": "def run(a, b):\n    return a + b\n"})
-    result = run_kcoral("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=2)
     if "failed:" in status.read_text():
         pytest.skip(f"the persisting-L2 window could not be set here: {status.read_text().strip()}")

@@ -31,6 +31,11 @@ def test_streams_threads_ctypes_and_monkeypatching_are_reported():
         assert expected in text, (expected, text)
 
 
+def test_pinned_host_memory_is_reported():
+    src = "import torch\ndef run(a, b):\n    host = (a.cpu() + b.cpu()).pin_memory()\n    return host.to(a.device, non_blocking=True)\n"
+    assert any("pinned host memory" in line and "line 3" in line for line in scan_source(src)), scan_source(src)
+
+
 def test_honest_candidates_report_nothing():
     assert scan_source("import torch\nimport triton\nimport triton.language as tl\ndef run(a, b):\n    return a + b\n") == []
 

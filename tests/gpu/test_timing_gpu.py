@@ -116,6 +116,24 @@ def test_host_compute_plus_copy_is_not_credited_with_the_copy_time(method: str) 
 
 
 @needs_cupti
+def test_short_host_compute_fed_by_a_copy_is_host_bound():
+    # 60 us of "host compute", well inside the slack, then a 4 KB copy: the copy gives it away
+    src = torch.randn(1024)
+    dst = torch.empty(1024, device="cuda")
+
+    def call(i: int):
+        end = time.perf_counter() + 60e-6
+        while time.perf_counter() < end:
+            pass
+        return dst.copy_(src)
+
+    result = timing.measure(call, n_sets=1, device="cuda", method="cupti", budget_s=0.3)
+    assert result.host_bound is True, result
+    assert result.median_us >= 55, result
+    assert any("the calls copy data from the host" in f for f in result.flags), result.flags
+
+
+@needs_cupti
 @pytest.mark.parametrize("n", [1 << 22, 1 << 24, 1 << 26])
 def test_events_fallback_is_like_for_like(n: int) -> None:
     sets = add_inputs(n)
