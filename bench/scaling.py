@@ -52,6 +52,16 @@ def main() -> None:
         worst = max(changes) if changes else float("nan")
         print(f"| {n} | {len(items)} | {wall_s:.1f} | {rate:.2f} | {rate / (len(base_items) / base_wall):.2f}x | {med * 100:.2f}% | "
               f"{within * 100:.0f}% | {worst * 100:.1f}% | {lease_overlaps(doc)} |")
+    # where the time went: summed per phase over all items (seconds), lease hold and wait beside it;
+    # a phase that grows with the worker count is contended (CPU, memory bandwidth, the GPU)
+    phases = sorted({k for _, _, _, items in runs for i in items for k in i.get("phases_ms", {})})
+    print("\n| workers | " + " | ".join(f"{k} s" for k in phases) + " | lease held s | lease wait s |")
+    print("|---|" + "---|" * (len(phases) + 2))
+    for n, _, _, items in runs:
+        sums = [sum(i.get("phases_ms", {}).get(k, 0.0) for i in items) / 1e3 for k in phases]
+        held = sum(i.get("lease_held_ms") or 0.0 for i in items) / 1e3
+        wait = sum(i.get("lease_wait_ms") or 0.0 for i in items) / 1e3
+        print(f"| {n} | " + " | ".join(f"{v:.1f}" for v in sums) + f" | {held:.1f} | {wait:.1f} |")
     print(f"\nartifacts in {out}")
 
 

@@ -32,6 +32,16 @@ _WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow 
 
 def _warmup_s(round_index: int) -> float:
     return _WARMUP_S if round_index == 0 else 0.0
+
+
+@contextlib.contextmanager
+def _phase(result: ItemResult, name: str) -> Iterator[None]:
+    """Add the body's wall time to ``result.phases_ms[name]`` (also when it fails)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        result.phases_ms[name] = result.phases_ms.get(name, 0.0) + (time.monotonic() - started) * 1e3
 # Trusted children kept alive per worker (one per case, least recently used closed first).
 MAX_TRUSTED_CHILDREN = 4
 
@@ -160,11 +170,12 @@ class LocalExecutor:
         tol = correctness.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
         with contextlib.ExitStack() as stack:
             try:
-                candidate = self._stage(
-                    "compile",
-                    lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name, self.sandbox)),
-                )
-                self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
+                with _phase(result, "compile"):
+                    candidate = self._stage(
+                        "compile",
+                        lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name, self.sandbox)),
+                    )
+                    self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             except StageFailed:
                 self._record_baseline_only(spec, result, tol)
                 raise
@@ -183,13 +194,16 @@ class LocalExecutor:
             def trusted() -> Child:
                 return self._trusted_child(case, deadline)
 
-            ref = self._reference_data(spec, device, trusted, tol)
+            with _phase(result, "reference"):
+                ref = self._reference_data(spec, device, trusted, tol)
             result.baseline_correct = ref.baseline_correct
             result.weak_reference = ref.weak
-            self._check_correctness(spec, candidate, ref, device, tol, result)
+            with _phase(result, "correctness"):
+                self._check_correctness(spec, candidate, ref, device, tol, result)
             result.correct = True
             if self.settings.mode != "correctness":
-                self._time(spec, candidate, trusted, device, tol, result)
+                with _phase(result, "timing"):
+                    self._time(spec, candidate, trusted, device, tol, result)
             # the last word: the child's audit runs once more, and a reply left over in the
             # channel (a forged one answered a command before the genuine one) shows here
             self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
@@ -381,7 +395,8 @@ class LocalExecutor:
         result.t_candidate_us = candidate_stats.median_us
         result.timer = candidate_stats.method
         result.speedup = speedup_between(baseline_stats, candidate_stats)
-        self._verify_timed_outputs(trusted, verify, spec, device, tol)
+        with _phase(result, "verify"):
+            self._verify_timed_outputs(trusted, verify, spec, device, tol)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
         minimum = self.settings.min_speedup
         if minimum is not None:

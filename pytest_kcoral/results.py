@@ -82,6 +82,7 @@ class ItemResult:
     lease_wait_ms: float | None = None
     lease_held_ms: float | None = None
     duration_s: float | None = None
+    phases_ms: dict[str, float] = field(default_factory=dict)  # wall time per phase: where an item's time went
 
     weak_reference: bool | None = None  # zeros or a constant match the reference within tolerance
     suspicious: list[str] = field(default_factory=list)  # static report on the candidate source

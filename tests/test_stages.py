@@ -236,6 +236,11 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["baseline_timing"]["rounds"] == item["candidate_timing"]["rounds"] == 4
     assert item["candidate_timing"]["samples_us"] is None  # merged: the raw samples stay out of the artifact
+    # where the item's time went, phase by phase (verify is part of timing)
+    assert set(item["phases_ms"]) == {"compile", "reference", "correctness", "timing", "verify"}
+    assert all(v > 0 for v in item["phases_ms"].values())
+    assert item["phases_ms"]["verify"] <= item["phases_ms"]["timing"]
+    assert sum(v for k, v in item["phases_ms"].items() if k != "verify") <= item["duration_s"] * 1e3
     calls = sorted((int(t), who) for who, t in (line.split() for line in (pytester.path / "calls.log").read_text().splitlines()))
     runs = [who for n, (_, who) in enumerate(calls) if n == 0 or calls[n - 1][1] != who]
     # correctness (baseline for the reference data, then the candidate), then four rounds a side
