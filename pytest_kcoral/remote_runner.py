@@ -7,7 +7,7 @@ the instruction (the phase) it happened in. The commands are the ones a local ch
 (``child._Runner.handle``): the same checks, audits and timers, on the server's device.
 
 Replies are JSON text (a header may hold NaN, which KCoral's own encoding refuses) and
-``torch.save`` bytes, which the pytest process reads with ``weights_only=True``.
+payload blobs (``protocol.encode_payload``: a JSON skeleton and raw tensor bytes, never a pickle).
 """
 
 from __future__ import annotations
