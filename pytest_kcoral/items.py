@@ -36,8 +36,12 @@ class CaseDirectory(pytest.Directory):
             self.config.option.continue_on_collection_errors = True
             raise self.CollectError(str(exc)) from None
         settings = self.config.stash[settings_key]
-        for candidate in find_candidates(case, settings.submissions):
-            for shape in case.shapes:
+        candidates = find_candidates(case, settings.submissions)
+        # shape by shape: a shape's items sit next to each other, so xdist, which hands out
+        # consecutive items in chunks, tends to give them to one worker, and that worker's
+        # reference data for the shape (computed under the lease) serves all of them
+        for shape in case.shapes:
+            for candidate in candidates:
                 yield KernelItem.from_parent(
                     self, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate, shape=shape
                 )

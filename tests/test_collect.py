@@ -56,10 +56,11 @@ class ModelNew(torch.nn.Module):
 def test_native_case_items_ids_and_order(pytester, make_case, run_kcoral):
     make_case("cases/add", candidates={"b_torch": "def run(a, b):\n    return a + b\n", "a_prep": "def prepare(a, b):\n    return lambda: a + b\n"})
     result = run_kcoral("--collect-only", "-q")
+    # shape by shape (seen, then unseen), candidates in name order within a shape
     result.stdout.fnmatch_lines([
         "cases/add::a_prep[[]seen-n=256[]]",
-        "cases/add::a_prep[[]unseen-n=257[]]",
         "cases/add::b_torch[[]seen-n=256[]]",
+        "cases/add::a_prep[[]unseen-n=257[]]",
         "cases/add::b_torch[[]unseen-n=257[]]",
     ])
     result = run_kcoral("--kcoral-mode", "correctness")
@@ -84,9 +85,10 @@ def test_kcoral_bench_folder(pytester, run_kcoral):
     result = run_kcoral("--kcoral-mode", "correctness", "-v")
     result.stdout.fnmatch_lines([
         "*bench_relu::v0[[]seen-small[]] PASSED*",
-        "*bench_relu::v0[[]seen-n=100[]] PASSED*",
-        "*bench_relu::v0[[]unseen-odd[]] PASSED*",
         "*bench_relu::v1[[]seen-small[]] FAILED*",
+        "*bench_relu::v0[[]seen-n=100[]] PASSED*",
+        "*bench_relu::v1[[]seen-n=100[]] FAILED*",
+        "*bench_relu::v0[[]unseen-odd[]] PASSED*",
     ])
     result.assert_outcomes(passed=3, failed=3)
 
