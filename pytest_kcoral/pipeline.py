@@ -29,6 +29,9 @@ TIMING_INPUT_SETS = 3
 TIMING_ROUNDS = 4  # per side, interleaved: see LocalExecutor._time
 _WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
 
+# Trusted children kept alive per worker (one per case, least recently used closed first).
+MAX_TRUSTED_CHILDREN = 4
+
 
 def _warmup_s(round_index: int) -> float:
     return _WARMUP_S if round_index == 0 else 0.0
@@ -42,8 +45,6 @@ def _phase(result: ItemResult, name: str) -> Iterator[None]:
         yield
     finally:
         result.phases_ms[name] = result.phases_ms.get(name, 0.0) + (time.monotonic() - started) * 1e3
-# Trusted children kept alive per worker (one per case, least recently used closed first).
-MAX_TRUSTED_CHILDREN = 4
 
 
 @dataclass(frozen=True)
@@ -350,9 +351,9 @@ class LocalExecutor:
         # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
         # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
         # in one process, see docs/performance.md), and a drift then hits both sides alike. The
-        # timed outputs checked against the reference come from rounds picked at random.
-        verified_rounds = set(random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(range(rounds), min(rounds, VERIFIED_TIMED_CALLS)))
-        per_round = max(1, VERIFIED_TIMED_CALLS // rounds)
+        # candidate keeps timed outputs in every round; which of them are checked against the
+        # reference is drawn here, from the session seed, so no round is safe to cheat in.
+        keep = max(1, VERIFIED_TIMED_CALLS // rounds)
         base_rounds: list[TimingStats] = []
         cand_rounds: list[TimingStats] = []
         verify: list[dict] = []
@@ -366,7 +367,6 @@ class LocalExecutor:
             floor = header.get("floor") or floor
 
         def time_candidate(r: int) -> None:
-            keep = per_round if r in verified_rounds else 0
             header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=keep, warmup_s=_warmup_s(r), **common))
             impossible = implausible_stats(header["stats"], candidate.last_call_s)
             if impossible:
@@ -395,8 +395,9 @@ class LocalExecutor:
         result.t_candidate_us = candidate_stats.median_us
         result.timer = candidate_stats.method
         result.speedup = speedup_between(baseline_stats, candidate_stats)
+        checked = random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(verify, min(len(verify), VERIFIED_TIMED_CALLS))
         with _phase(result, "verify"):
-            self._verify_timed_outputs(trusted, verify, spec, device, tol)
+            self._verify_timed_outputs(trusted, checked, spec, device, tol)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
         minimum = self.settings.min_speedup
         if minimum is not None:
