@@ -347,7 +347,7 @@ class LocalExecutor:
         budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
         rounds = self.timing_rounds
         common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
-                      timer=self.settings.timer, cpu=pinning.choose(device, self.settings.timing_cpu))
+                      timer=self.settings.timer, cpu=self._timing_cpu(device))
         # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
         # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
         # in one process, see docs/performance.md), and a drift then hits both sides alike. The
@@ -410,6 +410,10 @@ class LocalExecutor:
                     f"(baseline {result.t_baseline_us:.1f} us, candidate {result.t_candidate_us:.1f} us, {result.timer})",
                     "timing",
                 )
+
+    def _timing_cpu(self, device: str) -> int | None:
+        """The core both sides' timing runs on (``timing/pinning.py``), or None."""
+        return pinning.choose(device, self.settings.timing_cpu)
 
     def _check_floor(self, floor: dict | None, baseline: TimingStats | None, candidate: TimingStats | None, result: ItemResult) -> None:
         """No time below bytes / peak bandwidth (``physical_floor``), when the case declares ``cost``."""

@@ -79,6 +79,11 @@ class RemoteExecutor(LocalExecutor):
     # of its own: one timing round per side
     timing_rounds = 1
 
+    def _timing_cpu(self, device: str) -> int | None:
+        # a core of this host means nothing on the server, and the candidate's program is built
+        # without one: neither side is pinned
+        return None
+
     def __init__(self, settings: Settings, url: str) -> None:
         from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE
 
