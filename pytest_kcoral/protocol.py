@@ -148,7 +148,7 @@ def _tensor_specs(skeleton: Any) -> list[tuple[Any, tuple[int, ...], int]]:
                 for d in shape:
                     numel *= d
                 found[index] = (dtype, tuple(shape), numel * torch.empty((), dtype=dtype).element_size())
-            elif set(x) == {"tuple"}:
+            elif set(x) == {"tuple"} and isinstance(x["tuple"], list):
                 walk(x["tuple"])
             elif set(x) == {"dict"} and isinstance(x["dict"], dict):
                 walk(list(x["dict"].values()))

@@ -100,6 +100,7 @@ def _forged(skeleton, *frames: bytes):
     ({"tensor": 0, "dtype": "float32", "shape": [0]}, [b"\0"], "a tensor frame of 1 bytes, but its shape [0] (torch.float32) needs 0"),
     ([{"tensor": 1, "dtype": "float32", "shape": [1]}], [b"\0" * 4], "indices are not 0..n-1"),
     ({"__reduce__": ["os.system", ["true"]]}, [], "unexpected object"),
+    ({"tuple": "abc"}, [], "unexpected object"),
 ])
 def test_forged_payloads_are_refused(skeleton, frames, message):
     with pytest.raises(protocol.ProtocolError) as info:
