@@ -38,7 +38,7 @@ def _warmup_s(round_index: int) -> float:
 
 
 @contextlib.contextmanager
-def _phase(result: ItemResult, name: str) -> Iterator[None]:
+def timed_phase(result: ItemResult, name: str) -> Iterator[None]:
     """Add the body's wall time to ``result.phases_ms[name]`` (also when it fails)."""
     started = time.monotonic()
     try:
@@ -171,7 +171,7 @@ class LocalExecutor:
         tol = correctness.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
         with contextlib.ExitStack() as stack:
             try:
-                with _phase(result, "compile"):
+                with timed_phase(result, "compile"):
                     candidate = self._stage(
                         "compile",
                         lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name, self.sandbox)),
@@ -195,15 +195,15 @@ class LocalExecutor:
             def trusted() -> Child:
                 return self._trusted_child(case, deadline)
 
-            with _phase(result, "reference"):
+            with timed_phase(result, "reference"):
                 ref = self._reference_data(spec, device, trusted, tol)
             result.baseline_correct = ref.baseline_correct
             result.weak_reference = ref.weak
-            with _phase(result, "correctness"):
+            with timed_phase(result, "correctness"):
                 self._check_correctness(spec, candidate, ref, device, tol, result)
             result.correct = True
             if self.settings.mode != "correctness":
-                with _phase(result, "timing"):
+                with timed_phase(result, "timing"):
                     self._time(spec, candidate, trusted, device, tol, result)
             # the last word: the child's audit runs once more, and a reply left over in the
             # channel (a forged one answered a command before the genuine one) shows here
@@ -396,7 +396,7 @@ class LocalExecutor:
         result.timer = candidate_stats.method
         result.speedup = speedup_between(baseline_stats, candidate_stats)
         checked = random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(verify, min(len(verify), VERIFIED_TIMED_CALLS))
-        with _phase(result, "verify"):
+        with timed_phase(result, "verify"):
             self._verify_timed_outputs(trusted, checked, spec, device, tol)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
         minimum = self.settings.min_speedup

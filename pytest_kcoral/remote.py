@@ -29,7 +29,7 @@ from pytest_kcoral import protocol
 from pytest_kcoral.cases import Case
 from pytest_kcoral.isolation import ChildFailure
 from pytest_kcoral.options import Settings
-from pytest_kcoral.pipeline import ItemSpec, LocalExecutor
+from pytest_kcoral.pipeline import ItemSpec, LocalExecutor, timed_phase
 from pytest_kcoral.results import ItemResult
 
 HARNESS_DIR = Path(__file__).resolve().parent
@@ -132,18 +132,23 @@ class RemoteExecutor(LocalExecutor):
             return RemoteTrusted(self, case)
 
         # the inputs come from the trusted side first: the candidate's program carries them
-        ref = self._reference_data(spec, device, trusted, tol)
+        with timed_phase(result, "reference"):
+            ref = self._reference_data(spec, device, trusted, tol)
         # known before the candidate runs, so a compile failure still counts in the quadrants
         result.baseline_correct = ref.baseline_correct
         result.weak_reference = ref.weak
-        candidate = self._candidate_program(spec, ref, device)
-        self._stage("compile", lambda: candidate.call("start", "startup"))
-        self._stage("compile", lambda: candidate.call("load_candidate", "import"))
+        # the candidate's whole program runs here; the phases below only replay its replies
+        with timed_phase(result, "compile"):
+            candidate = self._candidate_program(spec, ref, device)
+            self._stage("compile", lambda: candidate.call("start", "startup"))
+            self._stage("compile", lambda: candidate.call("load_candidate", "import"))
         result.compiled = True
-        self._check_correctness(spec, candidate, ref, device, tol, result)
+        with timed_phase(result, "correctness"):
+            self._check_correctness(spec, candidate, ref, device, tol, result)
         result.correct = True
         if self.settings.mode != "correctness":
-            self._time(spec, candidate, trusted, device, tol, result)
+            with timed_phase(result, "timing"):
+                self._time(spec, candidate, trusted, device, tol, result)
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
 
     def _stage(self, stage: str, fn: Any) -> Any:

@@ -122,6 +122,9 @@ def test_remote_passing_candidate_runs_every_stage_on_the_server(make_case, run_
     assert all(p["status"] == "COMPLETED" for p in remote["programs"])
     # the server owns the leases: what it reports is what the item says (a CPU server holds none)
     assert item["lease_wait_ms"] == 0.0 and item["lease_held_ms"] == 0.0
+    # the candidate's whole program runs in compile; the later phases replay its replies
+    assert set(item["phases_ms"]) == {"reference", "compile", "correctness", "timing", "verify"}
+    assert item["phases_ms"]["compile"] > item["phases_ms"]["correctness"]
 
 
 def test_remote_wrong_candidate_fails_correctness_with_the_local_message(make_case, run_kcoral, pytester, kcoral_url):
