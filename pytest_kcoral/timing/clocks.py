@@ -29,7 +29,6 @@ class TorchRefs:
     event_synchronize: Callable[[Any], None]
     event_elapsed_ms: Callable[[Any, Any], float]
     current_stream: Callable[[], Any]
-    event_query: Callable[[Any], bool]
     gpu_sleep: Callable[[int], None] | None  # ``torch.cuda._sleep``: a busy-wait kernel of N cycles
 
 
@@ -57,9 +56,8 @@ def capture_torch() -> TorchRefs:
     record = method("record")
     ev_sync = method("synchronize")
     elapsed = method("elapsed_time")
-    query = method("query")
     _torch_refs = TorchRefs(torch, cuda_available, sync, event_type, record, ev_sync, elapsed,
-                            torch.cuda.current_stream, query, getattr(torch.cuda, "_sleep", None))
+                            torch.cuda.current_stream, getattr(torch.cuda, "_sleep", None))
     return _torch_refs
 
 
