@@ -379,3 +379,20 @@ def test_a_call_fed_by_host_to_device_copies_is_host_bound_whatever_the_slack():
     times, extra, flags = _host_bound_verdict({timing.HOST_TO_DEVICE_COPY: 1}, 2.0, 65.0)
     assert extra["host_bound"] and times == [60.0] * 3
     assert any("the calls copy data from the host" in f for f in flags)
+
+
+def test_a_span_made_mostly_of_launch_gaps_is_flagged_launch_bound():
+    # five small kernels, 8 us busy in a 60 us span: information, the time stays the span
+    times, extra, flags = _host_bound_verdict({"exp": 2, "sum": 1, "max": 1, "div": 1}, 60.0, 90.0)
+    assert times == [60.0] * 3 and not extra.get("host_bound")
+    assert not any(f.startswith("launch_bound") for f in flags)  # busy == span in these records
+
+    from pytest_kcoral.timing import _per_call_times
+    from pytest_kcoral.timing.cupti_timer import WindowRecords
+
+    roles = ["empty", "timed", "timed"]
+    records = [WindowRecords()] + [WindowRecords(span_us=60.0, busy_us=8.0, records=5, work=Counter({"k": 5})) for _ in range(2)]
+    flags = []
+    times, extra = _per_call_times(_RecordedCupti(), roles, [5.0, 90.0, 90.0], [None] * 3, records=records, flags=flags)
+    assert times == [60.0, 60.0] and extra["busy_us"] == 8.0
+    assert any(f.startswith("launch_bound: the GPU was busy 8.0 us of a 60.0 us span") for f in flags), flags

@@ -45,6 +45,7 @@ RSE_TARGET = 0.005
 # fed by host-to-device copies is host-bound whatever its slack.
 HOST_SLACK_US = 250.0
 HOST_TO_DEVICE_COPY = "memcpy:1"  # CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, as the CUPTI timer names it
+LAUNCH_BOUND_BUSY_FRACTION = 0.5  # busy under this share of the span: flag the call launch-bound
 _CALIBRATION_CALLS = 10
 _CALIBRATE_EVERY = 4  # one empty window after every this many timed calls
 _FIRST_CHECK = 20  # fewer samples than this never end the loop early
@@ -369,6 +370,13 @@ def _per_call_times(
     if timer.method == "cupti":
         extra["busy_us"] = stats.median(sorted(records[j].busy_us for j in timed))
         extra["records"] = int(round(stats.median(sorted(records[j].records for j in timed))))
+        span_median = stats.median(sorted(records[j].span_us for j in timed))
+        assert flags is not None
+        if span_median > 0 and extra["busy_us"] < LAUNCH_BOUND_BUSY_FRACTION * span_median:
+            # information, not a verdict: such a span moves with the host's launch speed, by tens
+            # of percent within seconds on the H200 host (docs/performance.md, process noise)
+            flags.append(f"launch_bound: the GPU was busy {extra['busy_us']:.1f} us of a {span_median:.1f} us span; "
+                         "the rest is launch gaps, whose length follows the host's speed")
         later = [records[j].work for j, r in enumerate(roles) if r in ("warmup", "timed")]
         same = all(w == later[0] for w in later)
         extra["same_work_every_call"] = same
