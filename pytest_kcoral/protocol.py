@@ -147,7 +147,7 @@ def _tensor_specs(skeleton: Any) -> list[tuple[Any, tuple[int, ...], int]]:
                 numel = 1
                 for d in shape:
                     numel *= d
-                found[index] = (dtype, tuple(shape), numel * torch.empty((), dtype=dtype).element_size())
+                found[index] = (dtype, tuple(shape), numel * dtype.itemsize)
             elif set(x) == {"tuple"} and isinstance(x["tuple"], list):
                 walk(x["tuple"])
             elif set(x) == {"dict"} and isinstance(x["dict"], dict):
