@@ -106,7 +106,8 @@ class _Runner:
     def __init__(self, role: str, case_spec: dict[str, Any]) -> None:
         import torch
 
-        from pytest_kcoral import timing
+        # loaded before candidate code, so the tamper snapshot covers the comparison it runs here
+        from pytest_kcoral import correctness, timing  # noqa: F401
         from pytest_kcoral.case_runtime import CaseRuntime
 
         # the timers' clocks, synchronize and CUPTI entry points, taken before candidate code loads
@@ -181,21 +182,35 @@ class _Runner:
     # -- trusted role -----------------------------------------------------------------------
 
     def _cmd_reference(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
-        """Inputs for each seed, the reference's outputs and (optionally) the baseline's."""
+        """Inputs and the reference's outputs for each seed. With ``tolerance`` ([atol, rtol,
+        strict]) also the verdicts that need nothing from a candidate, reached here on the device
+        so the tensors they read never cross the wire: the baseline's problems against the
+        reference (with ``baseline``) and whether the reference is weak."""
+        from pytest_kcoral import correctness
+
         self._require(TRUSTED)
         shape = header["shape"]
-        inputs, refs, baselines, baseline_errors = [], [], [], []
-        for seed in header["seeds"]:
+        tol = correctness.Tolerance(*header["tolerance"]) if header.get("tolerance") else None
+        inputs, refs, baseline_problems, weak = [], [], [], False
+        for t, seed in enumerate(header["seeds"]):
             args = self.case.make_inputs(shape, seed)
-            refs.append(_to_cpu(_as_tuple(self.case.reference(shape, _clone(args)))))
-            if header.get("baseline"):
-                try:
-                    baselines.append(_to_cpu(_as_tuple(self.case.baseline(shape, _clone(args)))))
-                except Exception as exc:  # a failing baseline is a finding, not a harness error
-                    baselines.append(None)
-                    baseline_errors.append(f"{type(exc).__name__}: {exc}"[:500])
+            ref = _as_tuple(self.case.reference(shape, _clone(args)))
+            if tol is not None:
+                weak = weak or correctness.is_weak_reference(ref, tol)
+                if header.get("baseline"):
+                    baseline_problems += [f"trial {t + 1}: {p}" for p in self._baseline_problems(shape, args, ref, tol)]
+            refs.append(_to_cpu(ref))
             inputs.append(_to_cpu(args))
-        return {"baseline_errors": baseline_errors}, {"inputs": inputs, "reference": refs, "baseline": baselines}
+        return {"baseline_problems": baseline_problems, "weak": weak}, {"inputs": inputs, "reference": refs}
+
+    def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, tol: Any) -> list[str]:
+        from pytest_kcoral import correctness
+
+        try:
+            base = _as_tuple(self.case.baseline(shape, _clone(args)))
+        except Exception as exc:  # a failing baseline is a finding, not a harness error
+            return [f"{type(exc).__name__}: {exc}"[:500]]
+        return correctness.compare_outputs(base, ref, tol)
 
     def _cmd_time_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(TRUSTED)
@@ -227,10 +242,13 @@ class _Runner:
         self._require(CANDIDATE)
         import torch
 
+        from pytest_kcoral import correctness
+
         shape = header["shape"]
-        outputs, inputs_after, findings = [], [], []
+        outputs, inputs_changed, findings = [], [], []
         for cpu_args in payload["inputs"]:
-            args = tuple(t.to(self.device) if isinstance(t, torch.Tensor) else t for t in cpu_args)
+            # the call gets copies on the device; ``cpu_args`` stay as sent, to find what it wrote
+            args = tuple(t.to(self.device, copy=True) if isinstance(t, torch.Tensor) else t for t in cpu_args)
             fn = self.candidate.bind(shape, args)
             _poison(header.get("poison_bytes", []), self.device)
             out = fn()
@@ -238,8 +256,9 @@ class _Runner:
             out_tuple, problems = _inspect_outputs(out, args, self.device)
             findings.append(problems)
             outputs.append(_to_cpu(out_tuple) if not problems else None)
-            inputs_after.append(_to_cpu(args))
-        return {"findings": findings}, {"outputs": outputs, "inputs_after": inputs_after}
+            before = tuple(t.to(self.device) if isinstance(t, torch.Tensor) else t for t in cpu_args)
+            inputs_changed.append(correctness.changed_inputs(before, args))
+        return {"findings": findings, "inputs_changed": inputs_changed}, {"outputs": outputs}
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(CANDIDATE)

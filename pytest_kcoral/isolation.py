@@ -248,7 +248,10 @@ class Child:
             self.kill()
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' (item timeout reached)", self.output())
         try:
-            header, payload = protocol.recv(self.conn)
+            header, payload = protocol.recv(self.conn, self.deadline)
+        except TimeoutError:  # a message begun and never finished counts as a hang
+            self.kill()
+            raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' in the middle of a reply (item timeout reached)", self.output()) from None
         except (EOFError, ConnectionResetError, OSError):
             self._raise_died()
         except protocol.ProtocolError as exc:

@@ -52,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
     config.pluginmanager.import_plugin("pytest_kcoral.lease_plugin")
+    config.pluginmanager.import_plugin("pytest_kcoral.scheduling")
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     from pytest_kcoral.session import KcoralSession

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import multiprocessing
+import struct
 import threading
+import time
 
 import pytest
 import torch
@@ -95,7 +97,7 @@ def _forged(skeleton, *frames: bytes):
 @pytest.mark.parametrize("skeleton, frames, message", [
     ({"tensor": 0, "dtype": "os", "shape": [1]}, [b"\0" * 4], "unknown dtype 'os'"),
     ({"tensor": 0, "dtype": "float32", "shape": [-1]}, [b""], "bad shape"),
-    ({"tensor": 0, "dtype": "float32", "shape": [2]}, [b"\0" * 12], "longer than its shape"),
+    ({"tensor": 0, "dtype": "float32", "shape": [2]}, [b"\0" * 12], "a tensor frame of 12 bytes, but its shape [2] (torch.float32) needs 8"),
     ({"tensor": 0, "dtype": "float32", "shape": [2]}, [b"\0" * 4], "a tensor frame of 4 bytes, but its shape [2] (torch.float32) needs 8"),
     ({"tensor": 0, "dtype": "float32", "shape": [0]}, [b"\0"], "a tensor frame of 1 bytes, but its shape [0] (torch.float32) needs 0"),
     ([{"tensor": 1, "dtype": "float32", "shape": [1]}], [b"\0" * 4], "indices are not 0..n-1"),
@@ -126,3 +128,44 @@ def test_truncated_and_padded_blobs_are_refused():
 def test_a_header_that_is_not_an_object_is_refused():
     with pytest.raises(protocol.ProtocolError, match="not a JSON object"):
         _over_a_pipe(lambda conn: conn.send_bytes(b"[1, 2]"))
+
+
+def test_a_message_begun_and_never_finished_times_out():
+    a, b = multiprocessing.Pipe()
+    try:
+        a.send_bytes(json.dumps({"ok": True, "payload": True}).encode())
+        a.send_bytes(json.dumps({"tensor": 0, "dtype": "float32", "shape": [1 << 20]}).encode())
+        a._send(b"\x00\x40\x00\x00" + b"\0" * 1000)  # a 4 MiB frame's length, then a thousand bytes of it
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            protocol.recv(b, deadline=started + 0.5)
+        assert 0.5 <= time.monotonic() - started < 5
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_channel_closing_mid_message_is_end_of_file():
+    a, b = multiprocessing.Pipe()
+    a.send_bytes(json.dumps({"ok": True, "payload": True}).encode())
+    a.send_bytes(json.dumps({"tensor": 0, "dtype": "float32", "shape": [4]}).encode())
+    a._send(b"\x00\x00\x00\x10" + b"\0" * 7)
+    a.close()
+    with pytest.raises(EOFError):
+        protocol.recv(b, deadline=time.monotonic() + 5)
+    b.close()
+
+
+def test_an_oversized_header_frame_is_refused_before_it_is_read():
+    a, b = multiprocessing.Pipe()
+    a._send(struct.pack("!i", protocol.MAX_HEADER_BYTES + 1))  # the length alone; no bytes follow
+    with pytest.raises(protocol.ProtocolError, match="more than the .* allowed"):
+        protocol.recv(b, deadline=time.monotonic() + 5)
+    a.close()
+    b.close()
+
+
+def test_large_tensors_arrive_whole():
+    big = {"x": torch.randn(3 << 20), "y": torch.arange(1 << 20, dtype=torch.int64)}
+    header, payload = _over_a_pipe(lambda conn: protocol.send(conn, {"ok": True}, big))
+    assert _same(big, payload)

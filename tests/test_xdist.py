@@ -70,3 +70,32 @@ def test_json_junit_and_table_agree_under_xdist(make_case, run_kcoral, pytester)
     fields = ("case", "candidate", "compiled", "correct_seen", "correct_unseen")
     assert [{k: c[k] for k in fields} for c in runs["serial"]["candidates"]] == \
            [{k: c[k] for k in fields} for c in runs["parallel"]["candidates"]]
+
+
+def test_a_shapes_items_run_on_one_worker(make_case, run_kcoral, pytester):
+    """Reference data is computed once per worker and shape: xdist's round-robin start would give
+    a shape's consecutive items to alternating workers, each computing it again."""
+    case = "import torch\nSEEN = [{'n': 64}, {'n': 128}]\nUNSEEN = [{'n': 65}, {'n': 129}]\n" \
+           "def make_inputs(shape, device):\n    return torch.randn(shape['n']), torch.randn(shape['n'])\n" \
+           "def reference(a, b):\n    return a + b\n"
+    make_case("cases/add", case, candidates={f"c{k}": GOOD for k in range(4)})
+    result = run_kcoral("-n", "2", "--kcoral-json", "out.json", "--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=16)
+    doc = json.loads((pytester.path / "out.json").read_text())
+    workers_by_shape: dict[str, set[int]] = {}
+    for lease in doc["lease_history"]:
+        shape = lease["label"].split("[", 1)[1]
+        workers_by_shape.setdefault(shape, set()).add(lease["pid"])
+    assert len(workers_by_shape) == 4 and all(len(pids) == 1 for pids in workers_by_shape.values()), workers_by_shape
+    assert len(set().union(*workers_by_shape.values())) == 2  # and both workers had work
+
+
+def test_shape_scope_groups_case_items_only(tmp_path):
+    from pytest_kcoral.scheduling import shape_scope
+
+    (tmp_path / "cases" / "add").mkdir(parents=True)
+    (tmp_path / "tests").mkdir()
+    assert shape_scope("cases/add::good[seen-n=4]", tmp_path) == "cases/add::[seen-n=4]"
+    assert shape_scope("cases/add::other[seen-n=4]", tmp_path) == "cases/add::[seen-n=4]"
+    assert shape_scope("tests/test_x.py::test_f[seen-n=4]", tmp_path) == "tests/test_x.py::test_f[seen-n=4]"
+    assert shape_scope("cases/add::Klass::test[1]", tmp_path) == "cases/add::Klass::test[1]"

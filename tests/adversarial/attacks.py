@@ -240,9 +240,10 @@ def run(a, b):
         frame = frame.f_back
     if header is not None:
         outputs = [((x + y).clone(),) for x, y in payload["inputs"]]   # right answers, forged reply
-        reply = {"ok": True, "seq": header["seq"], "nonce": header["nonce"], "findings": [[] for _ in outputs]}
+        reply = {"ok": True, "seq": header["seq"], "nonce": header["nonce"], "findings": [[] for _ in outputs],
+                 "inputs_changed": [[] for _ in outputs]}
         for conn in [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed and o.writable]:
-            protocol.send(conn, reply, {"outputs": outputs, "inputs_after": list(payload["inputs"])})
+            protocol.send(conn, reply, {"outputs": outputs})
     return a + b
 """
 

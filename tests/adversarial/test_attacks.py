@@ -110,7 +110,10 @@ def test_patching_comparison_functions_changes_nothing(make_case, run_kcoral):
 def test_reading_expected_outputs_from_memory_finds_nothing(make_case, run_kcoral):
     result = _grade(make_case, run_kcoral, attacks.READ_EXPECTED_FROM_MEMORY, *CORRECTNESS)
     result.assert_outcomes(failed=1, deselected=1)
-    result.stdout.fnmatch_lines(["*kcoral correctness failed: *trial 1 of 3: output 0: * of 256 elements * outside atol*"])
+    # what it finds is an input (of this trial or another one), never the reference's outputs
+    out = result.stdout.str()
+    assert "kcoral correctness failed: " in out
+    assert ("of 256 elements" in out and "outside atol" in out) or "the output does not depend on the inputs" in out, out
 
 
 # 7 ---------------------------------------------------------------------------------------------
