@@ -2,8 +2,10 @@
 # The GPU checks a session owes after GPU-facing changes, each bounded in time. One device call
 # allows 10 minutes, so pick the parts that fit (in parentheses: their time on an H200 in session 2):
 #   bash bench/gpu_check.sh "$OUT" tests self      (carry .whl: cupti-python and pyelftools wheels)
-# Parts: tests (GPU tests and GPU attacks, ~3 min), noise (process noise, ~1.5 min), self
-# (self-speedup of every bundled case, ~2.5 min), scaling (1, 2 and 4 workers, two GPUs, ~4.5 min).
+# Parts: tests (GPU tests and GPU attacks, ~3.5 min), noise (process noise, ~1.5 min), self
+# (self-speedup of every bundled case, ~3 min), scaling (the seen shapes of every bundled case with
+# 1, 1 again, 2 and 4 workers; two GPUs).
+# pytest gets SIGINT at its time limit, so it still prints which tests failed and why.
 # No part named: tests, noise and self. Logs and JSON artifacts land in the given folder.
 set -uo pipefail
 out=${1:-/tmp/kcoral-gpu-check}
@@ -21,9 +23,9 @@ nvidia-smi -L | tee "$out/machine.log"
 for part in $parts; do
     case $part in
     tests)  # timing and pipeline on a GPU, the GPU-only attacks (and the tamper check on CUDA)
-        timeout 150 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --tb=short > "$out/gpu_tests.log" 2>&1
-        tail -n 3 "$out/gpu_tests.log"
-        timeout 150 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
+        timeout -s INT -k 20 240 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --tb=short > "$out/gpu_tests.log" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$out/gpu_tests.log" | tail -n 8
+        timeout -s INT -k 20 150 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
             > "$out/gpu_attacks.log" 2>&1
         tail -n 3 "$out/gpu_attacks.log" ;;
     noise)  # the same kernels in fresh processes, twice each (issue 7)
@@ -34,10 +36,10 @@ for part in $parts; do
         head -n 5 "$out/self_speedup.log"
         cp /tmp/kcoral-self/self_speedup.json "$out/" 2>/dev/null ;;
     scaling)  # items/s, speedup drift and lease overlaps over workers (issue 4; needs two GPUs)
-        timeout 300 python3 bench/scaling.py --workers 1,2,4 --budget 0.1 --out /tmp/kcoral-scaling \
-            -- cases/vector_add cases/row_softmax -m seen > "$out/scaling.log" 2>&1
+        timeout 420 python3 bench/scaling.py --workers 1,1,2,4 --budget 0.1 --out /tmp/kcoral-scaling \
+            -- cases -m seen > "$out/scaling.log" 2>&1
         cat "$out/scaling.log"
-        cp /tmp/kcoral-scaling/*.json "$out/" 2>/dev/null ;;
+        tar czf "$out/scaling_json.tgz" -C /tmp/kcoral-scaling . 2>/dev/null ;;
     *) echo "unknown part: $part (tests, noise, self, scaling)" >&2 ;;
     esac
 done

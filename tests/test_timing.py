@@ -396,3 +396,17 @@ def test_a_span_made_mostly_of_launch_gaps_is_flagged_launch_bound():
     times, extra = _per_call_times(_RecordedCupti(), roles, [5.0, 90.0, 90.0], [None] * 3, records=records, flags=flags)
     assert times == [60.0, 60.0] and extra["busy_us"] == 8.0
     assert any(f.startswith("launch_bound: the GPU was busy 8.0 us of a 60.0 us span") for f in flags), flags
+
+
+def test_events_busy_wait_outlasts_the_recent_host_launch_times() -> None:
+    """The GPU busy-wait in front of the start event must cover the host's launch of the call."""
+    from types import SimpleNamespace
+
+    from pytest_kcoral.timing import timers
+
+    timer = timers.EventsTimer(SimpleNamespace(gpu_sleep=None, torch=None))
+    assert timer.sleep_us() == timers.GPU_SLEEP_US  # nothing seen yet
+    timer._host_us += [30.0, 2.0, 41.0, 3.0]  # calls and empty calibration windows
+    assert timer.sleep_us() == 82.0
+    timer._host_us += [5000.0]  # a call that synchronizes inside: capped
+    assert timer.sleep_us() == timers.MAX_GPU_SLEEP_US

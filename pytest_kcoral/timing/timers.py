@@ -2,12 +2,17 @@
 
 Events: each window is bracketed by a start event and two end events.
 
-- In front of the start event, behind the L2 flush, the stream gets a short GPU busy-wait
-  (``torch.cuda._sleep``, about ``GPU_SLEEP_US``). The call is launched while the GPU is still
-  busy, so its first kernel starts right behind the start event: the host's launch latency of the
-  first kernel is not charged to the call (CUPTI's span starts at the first kernel, too). Without
-  it, a fresh candidate process and the trusted baseline process launched at different speeds, and
-  an add identical to its baseline read 0.87x on an H200.
+- In front of the start event, behind the L2 flush, the stream gets a GPU busy-wait
+  (``torch.cuda._sleep``). The call is launched while the GPU is still busy, so its first kernel
+  starts right behind the start event: the host's launch latency of the first kernel is not
+  charged to the call (CUPTI's span starts at the first kernel, too). Without it, a fresh
+  candidate process and the trusted baseline process launched at different speeds, and an add
+  identical to its baseline read 0.87x on an H200. The busy-wait must outlast the host's launch:
+  a fixed 20 us did on one H200 host and not on another, whose Python took longer to launch, and an
+  add of 11.8 us (CUPTI) read 15.9 us. So it lasts twice the longest host time of the last few
+  windows, between ``GPU_SLEEP_US`` and ``MAX_GPU_SLEEP_US`` (the longest, not the median: the
+  sampling loop's empty calibration windows take almost no host time, and a busy-wait that runs
+  too long costs only wall time, one too short costs accuracy).
 - ``end_stream`` is recorded on the current stream as soon as the call returns: the stream-ordered
   span, with no host wake-up in it.
 - ``end_sync`` is recorded after a device-wide synchronize, so work the call left on another stream
@@ -27,9 +32,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_kcoral.timing.clocks import TorchRefs
+from pytest_kcoral.timing.clocks import TorchRefs, perf_counter
 
 GPU_SLEEP_US = 20.0
+MAX_GPU_SLEEP_US = 250.0  # a call that takes longer on the host synchronizes inside, or is host-bound
+_HOST_HISTORY = 8  # recent calls whose host time sizes the busy-wait
 _FALLBACK_CLOCK_KHZ = 1_500_000  # when the device does not report its SM clock
 # The synchronized span must exceed the stream-ordered one by both margins to count as side work:
 # the bias subtraction leaves a few microseconds of wake-up jitter either way.
@@ -51,11 +58,17 @@ class EventsTimer:
         self._start_ev: Any = None
         self._end_stream_ev: Any = None
         self._end_sync_ev: Any = None
-        self._sleep_cycles = 0
+        self._cycles_per_us = 0.0
+        self._host_us: list[float] = []
+        self._opened_at = 0.0
         if refs.gpu_sleep is not None:
             props = refs.torch.cuda.get_device_properties(device)
-            khz = int(getattr(props, "clock_rate", 0) or _FALLBACK_CLOCK_KHZ)
-            self._sleep_cycles = int(GPU_SLEEP_US * khz / 1000)
+            self._cycles_per_us = int(getattr(props, "clock_rate", 0) or _FALLBACK_CLOCK_KHZ) / 1000
+
+    def sleep_us(self) -> float:
+        """The busy-wait in front of the next window: twice the recent windows' longest host time."""
+        launch_us = max(self._host_us, default=0.0)
+        return min(max(GPU_SLEEP_US, 2 * launch_us), MAX_GPU_SLEEP_US)
 
     def start(self) -> None:
         event = self._refs.event_type
@@ -65,13 +78,16 @@ class EventsTimer:
 
     def open_window(self) -> None:
         refs = self._refs
-        if self._sleep_cycles:
-            refs.gpu_sleep(self._sleep_cycles)
+        if self._cycles_per_us:
+            refs.gpu_sleep(int(self.sleep_us() * self._cycles_per_us))
         refs.event_record(self._start_ev, refs.current_stream())
+        self._opened_at = perf_counter()
 
     def close_window(self, token: Any) -> tuple[float, float]:
         """(stream-ordered span, synchronized span) in microseconds; the latter still holds the bias."""
         refs = self._refs
+        self._host_us.append((perf_counter() - self._opened_at) * 1e6)
+        del self._host_us[:-_HOST_HISTORY]
         refs.event_record(self._end_stream_ev, refs.current_stream())
         refs.synchronize()  # device-wide: side streams and threads' work included
         refs.event_record(self._end_sync_ev, refs.current_stream())
