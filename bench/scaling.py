@@ -9,8 +9,9 @@ artifact; must be 0). Targets (issue 4): >= 1.8x items per second with two GPUs;
 
 Repeat the first worker count (``1,1,...``): the second serial run's speedup changes are the timing
 noise between two runs with nothing else changed, the floor against which the parallel runs' are
-read. Changes are also given for items whose baseline takes 20 us or more, which the host's launch
-speed does not move. Each run's rows print as soon as it ends, so a run cut short keeps its figures.
+read. Changes are also given for items whose baseline takes 20 us or more, and for items where
+neither side is launch-bound or host-bound (in the first run): the host's launch speed moves the
+others between any two runs. Each run's rows print as soon as it ends, so a run cut short keeps its figures.
 """
 
 from __future__ import annotations
@@ -26,13 +27,21 @@ from _grade import grade, graded_items, lease_overlaps
 LONG_US = 20.0  # baselines at least this long are GPU-bound in the bundled cases (docs/performance.md)
 
 
-def _changes(items: list[dict[str, Any]], base: dict[str, dict[str, Any]], long_only: bool) -> list[float]:
+def _host_sensitive(item: dict[str, Any]) -> bool:
+    """Either side launch-bound (GPU busy under half its span) or timed by the host clock."""
+    sides = [item.get("baseline_timing") or {}, item.get("candidate_timing") or {}]
+    return any(s.get("host_bound") or any(f.startswith("launch_bound") for f in s.get("flags", [])) for s in sides)
+
+
+def _changes(items: list[dict[str, Any]], base: dict[str, dict[str, Any]], only: str = "") -> list[float]:
     out = []
     for i in items:
         ref = base.get(i["nodeid"])
         if not (i.get("speedup") and ref and ref.get("speedup")):
             continue
-        if long_only and (ref.get("t_baseline_us") or 0.0) < LONG_US:
+        if only == "long" and (ref.get("t_baseline_us") or 0.0) < LONG_US:
+            continue
+        if only == "gpu" and _host_sensitive(ref):
             continue
         out.append(abs(i["speedup"] / ref["speedup"] - 1))
     return out
@@ -58,8 +67,9 @@ def main() -> None:
 
     print(f"timing budget {args.budget} s; seed {args.seed}; grading {' '.join(args.cases)}; speedup changes against the first run\n")
     print("| run | workers | items | wall s | items/s | vs first | median speedup change | within 2% | max change "
-          f"| same, baseline >= {LONG_US:g} us: median / within 2% / max | lease overlaps | devices |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"| same, baseline >= {LONG_US:g} us: median / within 2% / max | same, neither side launch- or host-bound "
+          "| lease overlaps | devices |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base_rate = 0.0
     base: dict[str, dict[str, Any]] = {}
     phase_rows = []
@@ -73,7 +83,8 @@ def main() -> None:
             base_rate, base = rate, {i["nodeid"]: i for i in items}
         devices = ",".join(sorted({i["device"] for i in items if i.get("device")}))
         print(f"| {k + 1} | {n} | {len(items)} | {wall_s:.1f} | {rate:.2f} | {rate / base_rate:.2f}x | "
-              f"{_describe(_changes(items, base, False))} | {_describe(_changes(items, base, True)).replace(' | ', ' / ')} | "
+              f"{_describe(_changes(items, base))} | {_describe(_changes(items, base, 'long')).replace(' | ', ' / ')} | "
+              f"{_describe(_changes(items, base, 'gpu')).replace(' | ', ' / ')} | "
               f"{lease_overlaps(doc)} | {devices} |", flush=True)
         phase_rows.append((k, n, items))
 
