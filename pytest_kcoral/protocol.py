@@ -20,6 +20,7 @@ carry one ``bytes`` value, ``encode_payload``/``decode_payload`` pack the same p
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import struct
@@ -80,6 +81,10 @@ class _FrameReader:
     def __init__(self, fd: int, deadline: float | None) -> None:
         self.fd = fd
         self.deadline = deadline
+        self._poll: Any = None
+        if deadline is not None:  # poll, not select: a long session's descriptors pass 1024
+            self._poll = select.poll()
+            self._poll.register(fd, select.POLLIN)
 
     def frame_size(self) -> int:
         (size,) = struct.unpack("!i", self._exactly(4))
@@ -110,11 +115,15 @@ class _FrameReader:
             done += got
 
     def _wait_readable(self) -> None:
-        if self.deadline is None:
+        if self._poll is None:
             return
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
-            raise TimeoutError("the rest of the message did not arrive before the deadline")
+        while True:
+            remaining_ms = (self.deadline - time.monotonic()) * 1e3
+            if remaining_ms <= 0:
+                raise TimeoutError("the rest of the message did not arrive before the deadline")
+            # readable, or hung up (then the read returns what is left, and finally end of file)
+            if self._poll.poll(math.ceil(remaining_ms)):
+                return
 
 
 def encode_payload(obj: Any) -> bytes:
