@@ -343,6 +343,19 @@ def test_events_spans_use_the_stream_span_unless_side_work_shows():
     assert side_work_detected(100.0, 108.1) and not side_work_detected(100.0, 107.9)
 
 
+def test_events_spans_less_the_events_own_cost():
+    """Two consecutive events read 2.9 us apart on one H200 host: empty windows measure that cost
+    and it comes off the stream-ordered span, as the host's wake-up comes off the synchronized one."""
+    from pytest_kcoral.timing import _events_times
+
+    roles = ["empty", "timed", "empty", "timed", "empty"]
+    flags: list[str] = []
+    spans = [(2.9, 25.0), (15.9, 36.0), (3.0, 24.0), (16.0, 37.0), (2.8, 25.5)]
+    assert _events_times(spans, roles, [1, 3], flags) == pytest.approx([13.0, 13.1])
+    assert "events_stream_bias_subtracted_us=2.90" in flags and "events_sync_bias_subtracted_us=25.00" in flags
+    assert not any(f.startswith("events_side_work") for f in flags)
+
+
 class _RecordedCupti:
     """What the CUPTI timer hands the host-bound rule: the method and per-window records."""
 
