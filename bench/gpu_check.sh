@@ -3,8 +3,9 @@
 # allows 10 minutes, so pick the parts that fit (in parentheses: their time on an H200 in session 2):
 #   bash bench/gpu_check.sh "$OUT" tests self      (carry .whl: cupti-python and pyelftools wheels)
 # Parts: tests (GPU tests and GPU attacks, ~3.5 min), noise (process noise, ~1.5 min), self
-# (self-speedup of every bundled case, ~3 min), scaling (the seen shapes of every bundled case with
-# 1, 1 again, 2 and 4 workers; two GPUs).
+# (self-speedup of every bundled case, ~3 min), events (the events' own cost, ~10 s), scaling (the
+# seen shapes of every bundled case with 1, 1 again, 2 and 4 workers; two GPUs; ~9 min: a call of
+# its own).
 # pytest gets SIGINT at its time limit, so it still prints which tests failed and why.
 # No part named: tests, noise and self. Logs and JSON artifacts land in the given folder.
 set -uo pipefail
@@ -35,11 +36,14 @@ for part in $parts; do
         timeout 210 python3 bench/self_speedup.py --budget 0.3 --out /tmp/kcoral-self > "$out/self_speedup.log" 2>&1
         head -n 5 "$out/self_speedup.log"
         cp /tmp/kcoral-self/self_speedup.json "$out/" 2>/dev/null ;;
+    events)  # what events read against CUPTI, and the events' own cost (issue 7)
+        timeout 60 python3 bench/events_cost.py > "$out/events_cost.log" 2>&1
+        cat "$out/events_cost.log" ;;
     scaling)  # items/s, speedup drift and lease overlaps over workers (issue 4; needs two GPUs)
-        timeout 420 python3 bench/scaling.py --workers 1,1,2,4 --budget 0.1 --out /tmp/kcoral-scaling \
+        timeout 560 python3 bench/scaling.py --workers 1,1,2,4 --budget 0.1 --out /tmp/kcoral-scaling \
             -- cases -m seen > "$out/scaling.log" 2>&1
         cat "$out/scaling.log"
         tar czf "$out/scaling_json.tgz" -C /tmp/kcoral-scaling . 2>/dev/null ;;
-    *) echo "unknown part: $part (tests, noise, self, scaling)" >&2 ;;
+    *) echo "unknown part: $part (tests, noise, self, events, scaling)" >&2 ;;
     esac
 done
