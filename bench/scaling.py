@@ -47,11 +47,12 @@ def _changes(items: list[dict[str, Any]], base: dict[str, dict[str, Any]], only:
     return out
 
 
-def _describe(changes: list[float]) -> str:
+def _describe(changes: list[float], sep: str = " | ") -> str:
+    """Median change, share within 2% and largest change, as table cells (or one cell's parts)."""
     if not changes:
-        return "- | - | -"
+        return sep.join("-" * 3)
     within = sum(c <= 0.02 for c in changes) / len(changes)
-    return f"{statistics.median(changes) * 100:.2f}% | {within * 100:.0f}% of {len(changes)} | {max(changes) * 100:.1f}%"
+    return sep.join([f"{statistics.median(changes) * 100:.2f}%", f"{within * 100:.0f}% of {len(changes)}", f"{max(changes) * 100:.1f}%"])
 
 
 def main() -> None:
@@ -83,8 +84,8 @@ def main() -> None:
             base_rate, base = rate, {i["nodeid"]: i for i in items}
         devices = ",".join(sorted({i["device"] for i in items if i.get("device")}))
         print(f"| {k + 1} | {n} | {len(items)} | {wall_s:.1f} | {rate:.2f} | {rate / base_rate:.2f}x | "
-              f"{_describe(_changes(items, base))} | {_describe(_changes(items, base, 'long')).replace(' | ', ' / ')} | "
-              f"{_describe(_changes(items, base, 'gpu')).replace(' | ', ' / ')} | "
+              f"{_describe(_changes(items, base))} | {_describe(_changes(items, base, 'long'), ' / ')} | "
+              f"{_describe(_changes(items, base, 'gpu'), ' / ')} | "
               f"{lease_overlaps(doc)} | {devices} |", flush=True)
         phase_rows.append((k, n, items))
 
