@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from pytest_kcoral import leftovers, protocol, tamper
-from pytest_kcoral.timing import pinning
+from pytest_kcoral.timing import pinning, placement
 
 TRUSTED = "trusted"
 CANDIDATE = "candidate"
@@ -123,8 +123,8 @@ class _Runner:
         # what the harness itself runs and relies on, taken before any candidate code loads
         self.baseline: leftovers.Baseline | None = None
         self.snapshot: tamper.Snapshot | None = None
-        # (key, seeds, input sets, bound callables) of the timing rounds: see ``_time``
-        self._timing_sets: tuple[Any, list[int], list[tuple], list[Callable[[], Any]]] | None = None
+        # (key, seeds, input sets, bound callables, placements) of the timing rounds: see ``_time``
+        self._timing_sets: tuple[Any, list[int], list[tuple], list[Callable[[], Any]], Any] | None = None
 
     def serve(self, conn: Connection) -> None:
         while True:
@@ -283,10 +283,12 @@ class _Runner:
         key = (json.dumps(shape, sort_keys=True), n_sets, self.device)
         if self._timing_sets is None or self._timing_sets[0] != key:
             self._timing_sets = None  # the old shape's sets go before the new ones are made
+            spread = placement.Placements(self.device, _rng)
             seeds = [_rng.getrandbits(62) for _ in range(n_sets)]
-            sets = [self.case.make_inputs(shape, s) for s in seeds]
-            self._timing_sets = (key, seeds, sets, [bind(shape, args) for args in sets])
-        _, seeds, sets, fns = self._timing_sets
+            sets = spread.make_sets(lambda seed: self.case.make_inputs(shape, seed), seeds,
+                                    lambda: _rng.getrandbits(62))
+            self._timing_sets = (key, seeds, sets, [bind(shape, args) for args in sets], spread)
+        _, seeds, sets, fns, spread = self._timing_sets
         kept: list[dict[str, Any]] = []
         keep = int(header.get("verify", 2))
         seen_samples = 0
@@ -300,6 +302,7 @@ class _Runner:
 
         def on_output(k: int, out: Any) -> None:
             nonlocal seen_samples
+            spread.keep_output(k, out)
             seen_samples += 1
             # reservoir sample of the timed calls: any one of them may be the one checked
             # a copy: a kernel that writes into one preallocated output overwrites it at the next call
@@ -312,7 +315,7 @@ class _Runner:
         with pinning.pinned(cpu) as is_pinned:
             stats = timing.measure(
                 lambda k: fns[k](),
-                n_sets=n_sets,
+                n_sets=len(sets),
                 refresh=refresh,
                 on_output=on_output,
                 device=self.device,
@@ -321,8 +324,11 @@ class _Runner:
                 warmup_s=float(header.get("warmup_s", 0.05)),
                 min_samples=int(header.get("min_samples", 5)),
             )
+        spread.release_outputs()
         if is_pinned:
             stats.flags.append(f"timing_cpu={cpu}")
+        if len(sets) != n_sets:
+            stats.flags.append(f"input_sets={len(sets)}: small inputs, each set placed apart")
         verify = []
         for entry in kept:
             out_tuple, problems = _inspect_outputs(entry["out"], (), self.device)

@@ -423,3 +423,49 @@ def test_events_busy_wait_outlasts_the_recent_host_launch_times() -> None:
     assert timer.sleep_us() == 82.0
     timer._host_us += [5000.0]  # a call that synchronizes inside: capped
     assert timer.sleep_us() == timers.MAX_GPU_SLEEP_US
+
+
+def test_placements_change_nothing_on_a_cpu() -> None:
+    import random
+
+    torch = pytest.importorskip("torch")
+    from pytest_kcoral.timing import placement
+
+    spread = placement.Placements("cpu", random.Random(0))
+    seeds = [1, 2, 3]
+    sets = spread.make_sets(lambda seed: (torch.full((4,), float(seed)),), seeds, lambda: 99)
+    assert [s[0][0].item() for s in sets] == [1.0, 2.0, 3.0]
+    assert seeds == [1, 2, 3]
+    out = torch.ones(4)
+    spread.keep_output(0, out)
+    assert spread._outputs == {}
+
+
+def test_grouped_median_moves_smoothly_across_a_step() -> None:
+    # a kernel read on a 32 ns timer: 55% of samples on one step, 45% on the next, and the reverse
+    low_heavy = sorted([1.024] * 55 + [1.056] * 45)
+    high_heavy = sorted([1.024] * 45 + [1.056] * 55)
+    assert stats.median(low_heavy) == 1.024 and stats.median(high_heavy) == 1.056  # a whole step apart
+    a, b = stats.grouped_median(low_heavy), stats.grouped_median(high_heavy)
+    assert 1.024 < a < b < 1.056
+    assert b / a < 1.01
+    # the textbook formula: lower edge 1.5, a quarter of the way into a step holding 100 samples
+    assert stats.grouped_median(sorted([1.0] * 50 + [2.0] * 100)) == pytest.approx(1.75)
+
+
+def test_grouped_median_is_the_median_without_steps() -> None:
+    assert stats.grouped_median([1.0, 2.0, 3.0, 4.0]) == 2.5
+    assert stats.grouped_median([1.0, 2.0, 3.0]) == 2.0
+    assert stats.grouped_median([5.0, 5.0, 5.0]) == 5.0
+    # values 1 ns apart are one step
+    one_step = sorted([1.151] * 20 + [1.152] * 20 + [1.184] * 30 + [1.120] * 10)
+    assert 1.136 < stats.grouped_median(one_step) < 1.167
+
+
+def test_garbage_collector_is_off_while_timing_and_back_on_after() -> None:
+    import gc
+
+    states = []
+    timing.measure(lambda i: states.append(gc.isenabled()), n_sets=1, budget_s=0.01, warmup_s=0.0)
+    assert states and not any(states)
+    assert gc.isenabled()

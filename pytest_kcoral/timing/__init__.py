@@ -10,6 +10,10 @@ measure the same way:
 4. timed calls, rotating through the input sets, until the relative standard error of the median
    is under ``rse_target`` or ``budget_s`` runs out (``min_samples``/``max_samples`` bound it).
 
+The garbage collector is off from the first call to the last (as in ``timeit``). The reported
+median is ``stats.grouped_median``: a GPU timer's samples come in steps, and it places the median
+within its step.
+
 Before every call (warm-up included, so warm-up looks like timing): the persisting-L2 limit is
 reset and L2 is flushed by a read, outside the window. Before every timed call ``refresh(i)``
 gives input set ``i`` fresh values; after it ``on_output(i, out)`` sees the output; both are
@@ -30,6 +34,7 @@ was taken before candidate code could patch it.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import Counter
 from typing import Any, Callable, Sequence
@@ -259,6 +264,10 @@ def _sample(
     def empty(_k: int) -> None:
         return None
 
+    # As timeit does: a collection inside a window would charge the call for the harness's garbage
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
     timer.start()
     try:
         window(call, 0, "first")
@@ -300,6 +309,9 @@ def _sample(
     except BaseException:
         timer.stop_quietly()
         raise
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
     times, extra = _per_call_times(timer, roles, host_us, direct_us, records=records,
                                    host_slack_us=host_slack_us, flags=flags)
@@ -309,7 +321,7 @@ def _sample(
         flags.append(f"rse_target_missed: {rse:.4f} >= {rse_target} after {len(times)} samples")
     return TimingStats(
         method=timer.method,
-        median_us=stats.median(ordered),
+        median_us=stats.grouped_median(ordered),
         iqr_us=stats.iqr(ordered),
         min_us=ordered[0],
         n=len(ordered),
@@ -523,7 +535,7 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
     same = [r.same_work_every_call for r in rounds]
     return TimingStats(
         method=methods[0],
-        median_us=stats.median(ordered),
+        median_us=stats.grouped_median(ordered),
         iqr_us=stats.iqr(ordered),
         min_us=ordered[0],
         n=len(ordered),

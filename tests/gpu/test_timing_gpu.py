@@ -19,6 +19,7 @@ pytestmark = [
 ]
 
 from pytest_kcoral import timing  # noqa: E402
+from pytest_kcoral.timing.timers import MAX_GPU_SLEEP_US  # noqa: E402
 
 timing.prepare("cuda")  # as the stage runner does, before any candidate-style code runs
 
@@ -106,7 +107,11 @@ def test_host_compute_plus_copy_is_not_credited_with_the_copy_time(method: str) 
         return dst.copy_(src)  # a 256 KB copy: a few microseconds on the GPU
 
     result = timing.measure(call, n_sets=1, device="cuda", method=method, budget_s=0.5)
-    assert result.median_us >= 2900, result
+    # Events: the busy-wait in front of the start event hides the host's time up to its own length
+    # (at most MAX_GPU_SLEEP_US), as it should for the launch of a call's first kernel; the rest
+    # of the host compute is in the span. 2838 us on a two-GPU H200 host (session 4).
+    hidden_us = MAX_GPU_SLEEP_US if method == "events" else 0.0
+    assert result.median_us >= 2900 - hidden_us, result
     if method == "cupti":
         # CUPTI sees only the copy; the host clock catches the rest.
         assert result.busy_us < 200
@@ -142,9 +147,9 @@ def test_events_fallback_is_like_for_like(n: int) -> None:
     assert events.method == "events"
     assert any(f.startswith("events_sync_bias_subtracted_us") for f in events.flags)
     # events carry a fixed cost CUPTI's kernel records do not: 4.1 us on a two-GPU H200 host for an
-    # 11.8 us add before the events' own cost (2.9 us there) was subtracted, under 3 us on the
-    # one-GPU host (docs/performance.md, session 3); 3 us again once the subtraction is seen on a GPU
-    assert abs(events.median_us - cupti.median_us) <= max(0.1 * cupti.median_us, 5.0), (cupti, events)
+    # 11.8 us add until the events' own cost (2.9 us there) was subtracted; 1.2 us since
+    # (docs/performance.md, sessions 3 and 4)
+    assert abs(events.median_us - cupti.median_us) <= max(0.1 * cupti.median_us, 3.0), (cupti, events)
 
 
 def test_events_without_cupti_still_work_with_patched_sync(monkeypatch: pytest.MonkeyPatch) -> None:
