@@ -124,7 +124,7 @@ class _Runner:
         self.baseline: leftovers.Baseline | None = None
         self.snapshot: tamper.Snapshot | None = None
         # (key, seeds, input sets, bound callables, placements) of the timing rounds: see ``_time``
-        self._timing_sets: tuple[Any, list[int], list[tuple], list[Callable[[], Any]], Any] | None = None
+        self._timing_sets: tuple[Any, list[int], list[tuple], list[Callable[[], Any]], placement.Placements] | None = None
 
     def serve(self, conn: Connection) -> None:
         while True:
