@@ -43,6 +43,8 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
     sys.dont_write_bytecode = True
     if role == CANDIDATE:
         _keep_large_allocations_on_heap()
+    else:
+        _compile_without_shared_caches(workdir)
     try:
         runner = _Runner(role, case_spec)
     except BaseException as exc:  # noqa: BLE001 - the parent must hear why startup failed
@@ -53,6 +55,29 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
 
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _compile_without_shared_caches(workdir: str) -> None:
+    """The trusted child compiles the reference's and the baseline's kernels itself and never
+    loads compiled code from a disk cache.
+
+    Compile caches are shared: Triton's (``~/.triton/cache``), Inductor's
+    (``/tmp/torchinductor_<user>``) and ``torch.utils.cpp_extension``'s builds, and under
+    ``--kcoral-sandbox`` the session workspace that holds them is writable by every child. A
+    candidate that replaced a cached baseline kernel with a slower one would earn a speedup; one
+    that planted an extension build would run its code in this process. So Triton always compiles,
+    Inductor's caches are off, and every cache directory is in this child's private directory.
+    """
+    os.environ.update({
+        "TRITON_ALWAYS_COMPILE": "1",  # read at every compile: the template's import predates it
+        "TRITON_CACHE_DIR": os.path.join(workdir, "triton-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(workdir, "inductor-cache"),
+        "TORCH_EXTENSIONS_DIR": os.path.join(workdir, "torch-extensions"),
+    })
+    import torch.compiler.config
+
+    # read from the environment when torch was imported, in the template, before this child existed
+    torch.compiler.config.force_disable_caches = True
 
 
 def _error_reply(exc: BaseException) -> dict[str, Any]:

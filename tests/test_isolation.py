@@ -5,6 +5,7 @@ candidate."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 GOOD = "def run(a, b):\n    return a + b\n"
@@ -134,3 +135,44 @@ def test_template_preload_never_touches_cuda():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"the template's imports called torch.cuda: {out}"
+
+
+def test_trusted_child_never_loads_compiled_code_from_a_shared_cache(make_case, run_kcoral, pytester):
+    # A candidate can write to the compile caches (Triton's, Inductor's, extension builds): the
+    # trusted child must compile the baseline itself, in directories of its own.
+    log = pytester.path / "env.jsonl"
+    logger = f"""
+def _log(role):
+    import json, os, torch.compiler.config
+    keys = ("TRITON_ALWAYS_COMPILE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
+    with open({str(log)!r}, "a") as f:
+        f.write(json.dumps({{"role": role, "cwd": os.getcwd(), "env": {{k: os.environ.get(k) for k in keys}},
+                            "inductor_caches_off": torch.compiler.config.force_disable_caches}}) + "\\n")
+"""
+    case = f"""
+import torch
+SEEN = [{{"n": 64}}]
+UNSEEN = []
+{logger}
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    _log("trusted")
+    return a + b
+"""
+    cand = f"{logger}\ndef run(a, b):\n    _log('candidate')\n    return a + b\n"
+    make_case("cases/add", case, {"c": cand})
+    run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=1)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    trusted = [r for r in records if r["role"] == "trusted"]
+    candidate = [r for r in records if r["role"] == "candidate"]
+    assert trusted and candidate
+    for r in trusted:
+        assert r["env"]["TRITON_ALWAYS_COMPILE"] == "1"
+        assert r["inductor_caches_off"] is True
+        for key in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+            assert r["env"][key].startswith(r["cwd"] + os.sep), (key, r)
+    for r in candidate:  # the candidate keeps its caches (a Triton kernel compiles once per host)
+        assert r["env"]["TRITON_ALWAYS_COMPILE"] != "1"
+        assert r["inductor_caches_off"] is False

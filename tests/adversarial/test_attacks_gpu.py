@@ -158,3 +158,54 @@ def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral_gpu, pyt
     assert "persisting_l2_reset" in items["persist"]["candidate_timing"]["flags"], items["persist"]["candidate_timing"]["flags"]
     # no better than the same kernel without the persisting window
     assert items["persist"]["speedup"] < items["plain"]["speedup"] * 1.15, (items["persist"]["speedup"], items["plain"]["speedup"])
+
+
+TRITON_BASELINE_CASE = GPU_CASE + """
+import triton
+import triton.language as tl
+
+@triton.jit
+def _add(a, b, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(out + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
+
+def baseline(a, b):
+    out = torch.empty_like(a)
+    _add[(triton.cdiv(a.numel(), 1024),)](a, b, out, a.numel(), BLOCK=1024)
+    return out
+"""
+
+# Overwrites every compiled kernel in the shared Triton cache at import, before the trusted child
+# compiles the baseline: had the baseline loaded one of them, it would crash or come out wrong.
+# A quieter attacker would plant a slower kernel and earn a speedup.
+CACHE_POISONER = """
+import os, pathlib
+_root = pathlib.Path(os.environ.get("TRITON_CACHE_DIR") or pathlib.Path.home() / ".triton" / "cache")
+for _f in list(_root.rglob("*")):
+    if _f.is_file():
+        _f.write_bytes(b"poisoned")
+def run(a, b):
+    return a + b
+"""
+
+
+def test_a_poisoned_triton_cache_never_reaches_the_baseline(make_case, run_kcoral_gpu, pytester, monkeypatch):
+    import subprocess
+    import sys
+
+    cache = pytester.path / "shared-triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    root = make_case("cases/add", TRITON_BASELINE_CASE, {"poisoner": CACHE_POISONER})
+    # the baseline's kernel compiled once on this host, into the shared cache
+    warm = ("import importlib.util, torch; s = importlib.util.spec_from_file_location('c', {!r}); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "a, b = m.make_inputs({{'n': 1 << 24}}, 'cuda'); m.baseline(a, b); torch.cuda.synchronize()").format(str(root / "case.py"))
+    subprocess.run([sys.executable, "-c", warm], check=True, timeout=300)
+    assert any(cache.rglob("*.cubin")), "the shared cache holds no compiled kernel: the attack would prove nothing"
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1)
+    item = _items(pytester)["poisoner"]
+    assert any(f.read_bytes() == b"poisoned" for f in cache.rglob("*.cubin")), "the poisoner did not run"
+    assert item["baseline_correct"] is True, item
+    assert item["speedup"] is not None and 0.5 < item["speedup"] < 2.0, item
