@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from kernels import triton_add
 
 pytestmark = [
     pytest.mark.gpu,
@@ -160,21 +161,7 @@ def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral_gpu, pyt
     assert items["persist"]["speedup"] < items["plain"]["speedup"] * 1.15, (items["persist"]["speedup"], items["plain"]["speedup"])
 
 
-TRITON_BASELINE_CASE = GPU_CASE + """
-import triton
-import triton.language as tl
-
-@triton.jit
-def _add(a, b, out, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    tl.store(out + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
-
-def baseline(a, b):
-    out = torch.empty_like(a)
-    _add[(triton.cdiv(a.numel(), 1024),)](a, b, out, a.numel(), BLOCK=1024)
-    return out
-"""
+TRITON_BASELINE_CASE = GPU_CASE + triton_add(block=1024, name="baseline")
 
 # Overwrites every compiled kernel in the shared Triton cache at import, before the trusted child
 # compiles the baseline: had the baseline loaded one of them, it would crash or come out wrong.

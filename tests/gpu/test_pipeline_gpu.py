@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from kernels import triton_add
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -28,22 +29,7 @@ def reference(a, b):
     return a + b
 """
 
-TRITON_ADD = """
-import torch
-import triton
-import triton.language as tl
-
-@triton.jit
-def _add(a, b, out, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    tl.store(out + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
-
-def run(a, b):
-    out = torch.empty_like(a)
-    _add[(triton.cdiv(a.numel(), 1024),)](a, b, out, a.numel(), BLOCK=1024)
-    return out
-"""
+TRITON_ADD = triton_add(block=1024)
 
 HALF_WRITTEN = """
 import torch
