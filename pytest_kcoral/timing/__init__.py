@@ -362,10 +362,10 @@ def _per_call_times(
 
     host_timed = [host_us[j] for j in timed]
     extra["host_median_us"] = stats.median(sorted(host_timed))
+    span_median = stats.median(sorted(primary))  # the GPU's own figure, before any host-bound rule
     if timer.method in ("cupti", "events"):
         host_minus_overhead = [h - host_overhead_us for h in host_timed]
         unaccounted = sorted(h - p for h, p in zip(host_minus_overhead, primary))
-        span_median = stats.median(sorted(primary))
         # computed on the host and copied in: the copy is all CUPTI sees of the work
         fed_from_host = timer.method == "cupti" and any(records[j].work.get(HOST_TO_DEVICE_COPY) for j in timed)
         if fed_from_host or stats.median(unaccounted) > span_median + host_slack_us:
@@ -382,7 +382,6 @@ def _per_call_times(
     if timer.method == "cupti":
         extra["busy_us"] = stats.median(sorted(records[j].busy_us for j in timed))
         extra["records"] = int(round(stats.median(sorted(records[j].records for j in timed))))
-        span_median = stats.median(sorted(records[j].span_us for j in timed))
         assert flags is not None
         if span_median > 0 and extra["busy_us"] < LAUNCH_BOUND_BUSY_FRACTION * span_median:
             # information, not a verdict: such a span moves with the host's launch speed, by tens
@@ -392,7 +391,6 @@ def _per_call_times(
         later = [records[j].work for j, r in enumerate(roles) if r in ("warmup", "timed")]
         same = all(w == later[0] for w in later)
         extra["same_work_every_call"] = same
-        assert flags is not None
         if not same:
             flags.append("work_differs_between_calls: " + _describe_work_change(later))
         first = [records[j].work for j, r in enumerate(roles) if r == "first"]
