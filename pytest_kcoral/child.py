@@ -263,7 +263,7 @@ class _Runner:
         return {}, None
 
     def _cmd_run(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
-        """Run the candidate once per input set; report outputs, inputs afterwards and findings."""
+        """Run the candidate once per input set; report outputs, the inputs it changed and findings."""
         self._require(CANDIDATE)
         import torch
 
@@ -272,8 +272,10 @@ class _Runner:
         shape = header["shape"]
         outputs, inputs_changed, findings = [], [], []
         for cpu_args in payload["inputs"]:
-            # the call gets copies on the device; ``cpu_args`` stay as sent, to find what it wrote
+            # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
+            # wrote: a copy made on the device, not a second transfer from the host
             args = tuple(t.to(self.device, copy=True) if isinstance(t, torch.Tensor) else t for t in cpu_args)
+            before = _clone(args)
             fn = self.candidate.bind(shape, args)
             _poison(header.get("poison_bytes", []), self.device)
             out = fn()
@@ -281,7 +283,6 @@ class _Runner:
             out_tuple, problems = _inspect_outputs(out, args, self.device)
             findings.append(problems)
             outputs.append(_to_cpu(out_tuple) if not problems else None)
-            before = tuple(t.to(self.device) if isinstance(t, torch.Tensor) else t for t in cpu_args)
             inputs_changed.append(correctness.changed_inputs(before, args))
         return {"findings": findings, "inputs_changed": inputs_changed}, {"outputs": outputs}
 
