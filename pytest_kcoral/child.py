@@ -12,6 +12,7 @@ cannot shadow a module the harness imports later.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -74,10 +75,14 @@ def _compile_without_shared_caches(workdir: str) -> None:
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(workdir, "inductor-cache"),
         "TORCH_EXTENSIONS_DIR": os.path.join(workdir, "torch-extensions"),
     })
-    import torch.compiler.config
-
     # read from the environment when torch was imported, in the template, before this child existed
-    torch.compiler.config.force_disable_caches = True
+    try:
+        import torch.compiler.config as compile_config
+    except ImportError:  # older torch keeps the flag in Inductor's own config
+        import torch._inductor.config as compile_config
+    # a torch without the flag still keeps Inductor's cache in the private directory above
+    with contextlib.suppress(AttributeError):
+        compile_config.force_disable_caches = True
 
 
 def _error_reply(exc: BaseException) -> dict[str, Any]:
