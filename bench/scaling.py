@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,7 @@ def main() -> None:
     phase_rows = []
     for k, n in enumerate(int(w) for w in args.workers.split(",")):
         json_path = out / f"scaling_{k}_n{n}.json"
+        started = time.time()  # the lease history's clock
         wall_s, doc = grade([*args.cases, "-n", str(n), "--kcoral-seed", str(args.seed), "--kcoral-timing-budget", str(args.budget)],
                             json_path, log=out / f"scaling_{k}_n{n}.log")
         items = graded_items(doc)
@@ -87,19 +89,33 @@ def main() -> None:
               f"{_describe(_changes(items, base))} | {_describe(_changes(items, base, 'long'), ' / ')} | "
               f"{_describe(_changes(items, base, 'gpu'), ' / ')} | "
               f"{lease_overlaps(doc)} | {devices} |", flush=True)
-        phase_rows.append((k, n, items))
+        phase_rows.append((k, n, items, _lease_window(doc, started, started + wall_s)))
 
     # where the time went: summed per phase over all items (seconds), lease hold and wait beside it;
     # a phase that grows with the worker count is contended (CPU, memory bandwidth, the GPU)
-    phases = sorted({p for _, _, items in phase_rows for i in items for p in i.get("phases_ms", {})})
-    print("\n| run | workers | " + " | ".join(f"{p} s" for p in phases) + " | lease held s | lease wait s |")
-    print("|---|---|" + "---|" * (len(phases) + 2))
-    for k, n, items in phase_rows:
+    # and the session's fixed cost: start-up before the first lease, the tail after the last
+    phases = sorted({p for _, _, items, _ in phase_rows for i in items for p in i.get("phases_ms", {})})
+    print("\n| run | workers | " + " | ".join(f"{p} s" for p in phases)
+          + " | lease held s | lease wait s | start to first lease s | lease window s | last lease to end s |")
+    print("|---|---|" + "---|" * (len(phases) + 5))
+    for k, n, items, window in phase_rows:
         sums = [sum(i.get("phases_ms", {}).get(p, 0.0) for i in items) / 1e3 for p in phases]
         held = sum(i.get("lease_held_ms") or 0.0 for i in items) / 1e3
         wait = sum(i.get("lease_wait_ms") or 0.0 for i in items) / 1e3
-        print(f"| {k + 1} | {n} | " + " | ".join(f"{v:.1f}" for v in sums) + f" | {held:.1f} | {wait:.1f} |")
+        print(f"| {k + 1} | {n} | " + " | ".join(f"{v:.1f}" for v in sums) + f" | {held:.1f} | {wait:.1f} | "
+              + " | ".join(f"{v:.1f}" for v in window) + " |")
     print(f"\nartifacts in {out}")
+
+
+def _lease_window(doc: dict[str, Any], started: float, ended: float) -> tuple[float, float, float]:
+    """Seconds from the session's start to its first lease, from the first lease to the last
+    release, and from there to the session's end (nan when nothing was leased)."""
+    leases = doc.get("lease_history", [])
+    if not leases:
+        return (float("nan"),) * 3
+    first = min(lease["t_acquired"] for lease in leases)
+    last = max(lease["t_released"] for lease in leases)
+    return first - started, last - first, ended - last
 
 
 if __name__ == "__main__":

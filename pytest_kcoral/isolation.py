@@ -72,8 +72,10 @@ class _TemplateProcess(mp_context.ForkServerProcess):
         return _TemplatePopen(process_obj)
 
 
-def _ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
+def ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
     """Start the template (one per pytest process) preloaded with what every child imports.
+
+    Returns at once: the template imports in the background, and the first child waits for it.
 
     The template starts with the children's environment: Triton reads ``TRITON_INTERPRET`` when
     it is imported (its own library functions are jitted then), so the CPU interpreter must be
@@ -193,7 +195,7 @@ class Child:
         self.phase = "startup"
         # under the sandbox only its workspace is writable (and visible at the same path)
         self.workdir = tempfile.mkdtemp(prefix=f"kcoral-{role}-", dir=getattr(sandbox, "workspace", None))
-        _ensure_template(env, sandbox)
+        ensure_template(env, sandbox)
         self.conn, child_conn = multiprocessing.Pipe(duplex=True)
         out_r, out_w = os.pipe()
         out_w_conn = Connection(out_w, readable=False)

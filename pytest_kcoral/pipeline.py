@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-from pytest_kcoral import correctness, static_report, timing
+from pytest_kcoral import correctness, isolation, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
 from pytest_kcoral.isolation import Child, ChildFailure
@@ -109,6 +109,11 @@ class LocalExecutor:
         self._trusted: dict[tuple[str, str], Child] = {}
 
     # -- public -----------------------------------------------------------------------------
+
+    def start_template(self) -> None:
+        """Start the process children are forked from, without waiting for its imports (torch,
+        Triton: seconds), so that they overlap collection instead of delaying the first item."""
+        isolation.ensure_template(self._child_env(), self.sandbox)
 
     def run(self, spec: ItemSpec) -> ItemResult:
         case, cand, shape = spec.case, spec.candidate, spec.shape

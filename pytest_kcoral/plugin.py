@@ -107,8 +107,17 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
     if is_case_folder(path):
         from pytest_kcoral.items import CaseDirectory
 
+        _start_children_early(parent.config)
         return CaseDirectory.from_parent(parent, path=path)
     return None
+
+
+def _start_children_early(config: pytest.Config) -> None:
+    """A case will be graded here: start the template children are forked from now, so its
+    imports run while the rest is collected (and, under xdist, while the workers start)."""
+    if config.option.collectonly or config.stash[settings_key].url:
+        return
+    get_executor(config).start_template()
 
 
 @pytest.hookimpl(wrapper=True)

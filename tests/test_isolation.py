@@ -137,6 +137,31 @@ def test_template_preload_never_touches_cuda():
     assert out.strip() == "[]", f"the template's imports called torch.cuda: {out}"
 
 
+# What a conftest sees when collection is over and no item has run yet: the template's pid, if any.
+_TEMPLATE_PROBE = """
+import os
+from multiprocessing import forkserver
+
+def pytest_collection_finish(session):
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    alive = pid is not None and os.waitpid(pid, os.WNOHANG) == (0, 0)
+    print(f"TEMPLATE AT COLLECTION: {'running' if alive else 'none'}")
+"""
+
+
+def test_template_starts_while_cases_are_collected(make_case, pytester):
+    """The template's imports (torch, Triton: seconds) overlap collection instead of delaying the
+    first item; a collection-only run starts nothing."""
+    make_case("cases/add")
+    pytester.makeconftest(_TEMPLATE_PROBE)
+    args = ["-p", "kcoral", "-p", "no:cacheprovider", "-s", "--kcoral-timing-budget", "0.02", "-m", "seen"]
+    graded = pytester.runpytest_subprocess(*args)
+    graded.stdout.fnmatch_lines(["*TEMPLATE AT COLLECTION: running*"])
+    graded.assert_outcomes(passed=1, deselected=1)
+    collected = pytester.runpytest_subprocess(*args, "--collect-only")
+    collected.stdout.fnmatch_lines(["*TEMPLATE AT COLLECTION: none*"])
+
+
 def test_trusted_child_never_loads_compiled_code_from_a_shared_cache(make_case, run_kcoral, pytester):
     # A candidate can write to the compile caches (Triton's, Inductor's, extension builds): the
     # trusted child must compile the baseline itself, in directories of its own.
