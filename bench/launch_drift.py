@@ -10,45 +10,114 @@ This script starts ``--pairs`` fresh pairs of processes per setting; in each pai
 same launch-bound function (the row-softmax baseline at 7x100, five kernels) in turns, A B B A ...,
 both pinned to one core as the grader pins them, with the same total budget split into
 ``--rounds`` rounds a side. It prints, per setting, each pair's ratio of medians A/B (1.0 is
-right) and, for the first pair of each setting, every round's median, so a shared drift (both
-columns move together) can be told from a per-process offset (one column stays above the other).
+right); with ``--show-rounds``, every round's median of each setting's first pair, so a shared
+drift (both columns move together) can be told from a per-process offset (one column stays above
+the other). ``--variants`` picks how the two processes of a pair are made: fresh interpreters
+(``default``), fresh interpreters with the same str hash seed (``hashseed``), the same address
+layout (``noaslr``) or both (``both``), or forked from one template process that imported torch,
+as the grader's children are (``forked``).
 Run on a GPU host:
 
     python bench/launch_drift.py --pairs 5 --rounds 4,16,64 --budget 1.0
+    python bench/launch_drift.py --pairs 8 --rounds 8 --budget 0.5 --variants default,both,forked
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
+from typing import Any, Callable
 
-WORKER = r"""
-import json, os, sys, time, torch
-import pytest_kcoral
-from pytest_kcoral.timing import pinning
-device = sys.argv[1]
-core = pinning.choose(device)
-def softmax_chain(x):
-    shifted = x - x.amax(dim=-1, keepdim=True)
-    e = torch.exp(shifted)
-    return e / e.sum(dim=-1, keepdim=True)
-sets = [(3.0 * torch.randn(7, 100, device=device),) for _ in range(16)]
-first = True
-print("READY", flush=True)
-for line in sys.stdin:
-    budget = float(line)
-    with pinning.pinned(core):
-        t0 = time.time()
-        r = pytest_kcoral.benchmark(softmax_chain, input_sets=sets, budget_s=budget,
-                                    warmup_s=0.05 if first else 0.0, max_samples=100000)
-    first = False
-    print("R " + json.dumps({"t0": t0, "samples": r["samples_us"], "median": r["median_us"],
-                             "host": r["host_median_us"], "method": r["method"]}), flush=True)
-"""
+def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict], None]) -> None:
+    """A worker: time the launch-bound function for each budget received, until None."""
+    import torch
+
+    import pytest_kcoral
+    from pytest_kcoral.timing import pinning
+
+    core = pinning.choose(device)
+
+    def softmax_chain(x):
+        shifted = x - x.amax(dim=-1, keepdim=True)
+        e = torch.exp(shifted)
+        return e / e.sum(dim=-1, keepdim=True)
+
+    sets = [(3.0 * torch.randn(7, 100, device=device),) for _ in range(16)]
+    send({"ready": True})
+    first = True
+    while (budget := recv()) is not None:
+        with pinning.pinned(core):
+            r = pytest_kcoral.benchmark(softmax_chain, input_sets=sets, budget_s=budget,
+                                        warmup_s=0.05 if first else 0.0, max_samples=100000)
+        first = False
+        send({"samples": r["samples_us"], "median": r["median_us"]})
+
+
+class _Interpreter:
+    """A worker in a fresh interpreter (``python launch_drift.py --serve DEVICE``)."""
+
+    def __init__(self, device: str, env_extra: dict[str, str], no_aslr: bool) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", device], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, **env_extra},
+                                     preexec_fn=_no_aslr if no_aslr else None)
+
+    def recv(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited: {self.proc.wait()}")
+        return json.loads(line)
+
+    def round(self, budget: float) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{budget}\n")
+        self.proc.stdin.flush()
+        return self.recv()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+class _Forked:
+    """A worker forked from one template that imported torch, as the grader's children are."""
+
+    def __init__(self, device: str) -> None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "pytest_kcoral.timing"])
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=_forked_main, args=(child_conn, device))
+        self.proc.start()
+        child_conn.close()
+
+    def recv(self) -> dict:
+        return self.conn.recv()
+
+    def round(self, budget: float) -> dict:
+        self.conn.send(budget)
+        return self.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(timeout=30)
+
+
+def _forked_main(conn: Any, device: str) -> None:
+    _serve(device, conn.recv, conn.send)
+
+
+def _stdio_main(device: str) -> None:
+    def recv() -> float | None:
+        line = sys.stdin.readline()
+        return float(line) if line else None
+
+    _serve(device, recv, lambda msg: print(json.dumps(msg), flush=True))
 
 
 _ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): this process's children get a fixed address layout
@@ -69,32 +138,19 @@ VARIANTS = {
     "hashseed": ({"PYTHONHASHSEED": "0"}, False),
     "noaslr": ({}, True),
     "both": ({"PYTHONHASHSEED": "0"}, True),
+    "forked": None,  # both forked from one template process, as in the grader
 }
 
 
-def _start_pair(device: str, variant: str) -> tuple[subprocess.Popen, subprocess.Popen]:
-    env_extra, no_aslr = VARIANTS[variant]
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, device], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, **env_extra}, preexec_fn=_no_aslr if no_aslr else None)
-             for _ in range(2)]
-    for proc in procs:  # both import torch at once; then wait for each
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("READY"):
-                break
-        else:
-            raise RuntimeError(f"worker exited before it was ready: {proc.wait()}")
-    return procs[0], procs[1]
-
-
-def _round(proc: subprocess.Popen, budget: float) -> dict:
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(f"{budget}\n")
-    proc.stdin.flush()
-    for line in proc.stdout:
-        if line.startswith("R "):
-            return json.loads(line[2:])
-    raise RuntimeError(f"worker exited mid-round: {proc.wait()}")
+def _start_pair(device: str, variant: str) -> tuple[Any, Any]:
+    if VARIANTS[variant] is None:
+        workers = [_Forked(device), _Forked(device)]
+    else:
+        env_extra, no_aslr = VARIANTS[variant]
+        workers = [_Interpreter(device, env_extra, no_aslr) for _ in range(2)]
+    for worker in workers:  # both start at once; then wait for each
+        worker.recv()
+    return workers[0], workers[1]
 
 
 def run_pair(rounds: int, budget: float, device: str, variant: str = "default") -> tuple[float, list[tuple[float, float]]]:
@@ -106,20 +162,21 @@ def run_pair(rounds: int, budget: float, device: str, variant: str = "default") 
         pooled_b: list[float] = []
         for r in range(rounds):
             order = (a, b) if r % 2 == 0 else (b, a)  # A B B A A B ...: each side goes first half the time
-            results = {id(p): _round(p, budget / rounds) for p in order}
+            results = {id(p): p.round(budget / rounds) for p in order}
             ra, rb = results[id(a)], results[id(b)]
             pooled_a += ra["samples"]
             pooled_b += rb["samples"]
             per_round.append((ra["median"], rb["median"]))
         return statistics.median(pooled_a) / statistics.median(pooled_b), per_round
     finally:
-        for p in (a, b):
-            assert p.stdin is not None
-            p.stdin.close()
-            p.wait(timeout=30)
+        a.close()
+        b.close()
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--serve"]:
+        _stdio_main(sys.argv[2])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5, help="fresh process pairs per setting")
     parser.add_argument("--rounds", default="4,16,64", help="rounds a side, comma-separated settings")
