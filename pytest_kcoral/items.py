@@ -93,4 +93,11 @@ def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
         props.append(("kcoral_baseline_correct", result.baseline_correct))
     if result.suspicious:
         props.append(("kcoral_suspicious", "; ".join(result.suspicious)))
+    diagnostics = result.extra.get("diagnostics", {})
+    if "ncu" in diagnostics:
+        ncu = diagnostics["ncu"]
+        props.append(("kcoral_ncu_report", ncu["report"] or f"none: {ncu.get('error', '')[:200]}"))
+    if "sanitizer" in diagnostics:
+        check = diagnostics["sanitizer"]
+        props.append(("kcoral_sanitizer", f"{check['tool']}: {check['errors']} error(s), log {check['log']}"))
     return props

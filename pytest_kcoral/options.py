@@ -12,6 +12,7 @@ import pytest
 MODES = ("full", "correctness")
 TOLERANCE_MODES = ("elementwise", "strict")
 TIMER_CHOICES = ("auto", "cupti", "events", "wall")
+SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -49,7 +50,11 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--kcoral-sandbox", action="store_true", default=False,
                     help="Run children under bubblewrap (read-only system, private workspace, no network)")
     group.addoption("--kcoral-artifacts", default=None, metavar="DIR",
-                    help="Directory for diagnostics files")
+                    help="Directory for diagnostics files (default: kcoral-artifacts)")
+    group.addoption("--kcoral-ncu", action="store_true", default=False,
+                    help="Capture an Nsight Compute report of each item's candidate (diagnostics, never speedups)")
+    group.addoption("--kcoral-sanitizer", choices=SANITIZER_TOOLS, default=None,
+                    help="Run each candidate's correctness inputs under compute-sanitizer; findings fail the item")
     group.addoption("--kcoral-timing-budget", type=float, default=None, metavar="S",
                     help="Seconds of timed samples per callable (default 1.0 on a GPU, 0.2 on a CPU)")
     group.addoption("--kcoral-timing-cpu", default="auto", metavar="auto|off|N",
@@ -78,6 +83,8 @@ class Settings:
     artifacts: Path | None
     timing_budget_s: float | None
     timing_cpu: str = "auto"  # "auto" | "off" | a core number, see timing/pinning.py
+    ncu: bool = False  # --kcoral-ncu: see diagnostics.py
+    sanitizer: str | None = None  # --kcoral-sanitizer: a compute-sanitizer tool
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -117,4 +124,6 @@ class Settings:
             artifacts=Path(artifacts) if artifacts else None,
             timing_budget_s=opt("kcoral_timing_budget"),
             timing_cpu=timing_cpu,
+            ncu=opt("kcoral_ncu"),
+            sanitizer=opt("kcoral_sanitizer"),
         )

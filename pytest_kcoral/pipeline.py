@@ -18,6 +18,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol
 from pytest_kcoral import correctness, isolation, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
+from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.isolation import Child, ChildFailure
 from pytest_kcoral.options import Settings
 from pytest_kcoral.results import ItemResult, TimingStats, speedup_between
@@ -107,6 +108,8 @@ class LocalExecutor:
         self.device_kind = device_kind  # "cpu" or "cuda": decides the child environment
         self._references: dict[tuple, ReferenceData] = {}
         self._trusted: dict[tuple[str, str], Child] = {}
+        # --kcoral-ncu / --kcoral-sanitizer (SPEC section 8); the plugin checked the tools exist
+        self.diagnostics = Diagnostics.from_settings(settings, self._child_env())
 
     # -- public -----------------------------------------------------------------------------
 
@@ -206,13 +209,36 @@ class LocalExecutor:
             result.weak_reference = ref.weak
             with timed_phase(result, "correctness"):
                 self._check_correctness(spec, candidate, ref, device, tol, result)
+            if self.diagnostics and self.diagnostics.sanitizer:
+                deadline = self._diagnose(spec, ref, device, result, "sanitizer", candidate, deadline)
             result.correct = True
             if self.settings.mode != "correctness":
                 with timed_phase(result, "timing"):
                     self._time(spec, candidate, trusted, device, tol, result)
+            if self.diagnostics and self.diagnostics.ncu:
+                deadline = self._diagnose(spec, ref, device, result, "ncu", candidate, deadline)
             # the last word: the child's audit runs once more, and a reply left over in the
             # channel (a forged one answered a command before the genuine one) shows here
             self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
+
+    def _diagnose(self, spec: ItemSpec, ref: ReferenceData, device: str, result: ItemResult, tool: str,
+                  candidate: Child, deadline: float) -> float:
+        """Run the candidate under compute-sanitizer or Nsight Compute (``diagnostics.py``), still
+        under the lease; returns the item's deadline, moved by the time the tool took (the tools
+        have their own limit, and the stages after them keep their budget)."""
+        assert self.diagnostics is not None
+        job = {"case": dict(self._case_spec(spec.case), device=device), "candidate": str(spec.candidate.path),
+               "shape": spec.shape.params}
+        started = time.monotonic()
+        with timed_phase(result, tool):
+            run = self.diagnostics.sanitize if tool == "sanitizer" else self.diagnostics.profile
+            record = run(job, ref.inputs, spec.nodeid)
+        result.extra.setdefault("diagnostics", {})[tool] = record
+        deadline += time.monotonic() - started
+        candidate.deadline = deadline
+        if record.get("failure"):
+            raise StageFailed("correctness", record["failure"], "sanitizer")
+        return deadline
 
     def _record_baseline_only(self, spec: ItemSpec, result: ItemResult, tol: correctness.Tolerance) -> None:
         """Whether the baseline is correct on this shape, also when the candidate never compiled:

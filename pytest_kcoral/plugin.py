@@ -36,6 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # xdist workers must generate the same inputs as each other: the controller draws the seed.
     seed = workerinput.get("kcoral_seed") if workerinput else None
     settings = Settings.from_config(config, seed=seed)
+    if (settings.ncu or settings.sanitizer) and not config.option.collectonly:
+        _check_diagnostics(config, settings)
     if settings.url and not config.option.collectonly:
         from pytest_kcoral.remote import RemoteUnavailable, connect
 
@@ -59,6 +61,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
     # scores and reports: written once, by the controller (the session object idles on workers)
     config.pluginmanager.register(KcoralSession(config), "kcoral-session")
+
+
+def _check_diagnostics(config: pytest.Config, settings: Settings) -> None:
+    """--kcoral-ncu and --kcoral-sanitizer need their tool and a GPU here: say so before grading."""
+    from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool
+    from pytest_kcoral.lease_plugin import get_devices
+
+    asked = " and ".join(o for o, on in (("--kcoral-ncu", settings.ncu), ("--kcoral-sanitizer", settings.sanitizer)) if on)
+    if settings.url:
+        raise pytest.UsageError(f"{asked} runs the tools on this machine's GPUs: not with --kcoral-url")
+    for wanted, tool in ((settings.ncu, "ncu"), (settings.sanitizer, "compute-sanitizer")):
+        if wanted:
+            try:
+                find_tool(tool)
+            except DiagnosticsUnavailable as exc:
+                raise pytest.UsageError(f"{asked}: {exc}") from None
+    if not any(d.is_cuda for d in get_devices(config)):
+        raise pytest.UsageError(f"{asked} needs a GPU, and none is visible")
 
 
 @pytest.hookimpl(optionalhook=True)
