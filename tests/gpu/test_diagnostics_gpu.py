@@ -58,6 +58,18 @@ def _grade(tmp_path: Path, candidates: dict[str, str], *args: str) -> tuple[subp
     return proc, json.loads((tmp_path / "out.json").read_text())
 
 
+def test_ncu_writes_a_report_per_item_and_the_grade_stands(tmp_path):
+    _tool("ncu")
+    proc, doc = _grade(tmp_path, {"masked": MASKED}, "--kcoral-ncu")
+    (item,) = doc["items"]
+    assert item["outcome"] == "passed", (item["message"], proc.stdout[-3000:])
+    ncu = item["extra"]["diagnostics"]["ncu"]
+    report = Path(ncu["report"] or "")
+    assert ncu["report"] and report.suffix == ".ncu-rep" and report.stat().st_size > 0, ncu
+    assert report.is_relative_to(tmp_path / "art")
+    assert "kcoral_ncu_report" in (tmp_path / "junit.xml").read_text()
+
+
 def test_memcheck_fails_reads_past_the_end_and_passes_the_masked_kernel(tmp_path):
     _tool("compute-sanitizer")
     proc, doc = _grade(tmp_path, {"masked": MASKED, "reads_past_the_end": READS_PAST_THE_END}, "--kcoral-sanitizer", "memcheck")
@@ -71,15 +83,3 @@ def test_memcheck_fails_reads_past_the_end_and_passes_the_masked_kernel(tmp_path
     assert log.is_file() and log.is_relative_to(tmp_path / "art"), log
     assert bad["extra"]["diagnostics"]["sanitizer"]["errors"] > 0
     assert "kcoral_sanitizer" in (tmp_path / "junit.xml").read_text()
-
-
-def test_ncu_writes_a_report_per_item_and_the_grade_stands(tmp_path):
-    _tool("ncu")
-    proc, doc = _grade(tmp_path, {"masked": MASKED}, "--kcoral-ncu")
-    (item,) = doc["items"]
-    assert item["outcome"] == "passed", (item["message"], proc.stdout[-3000:])
-    ncu = item["extra"]["diagnostics"]["ncu"]
-    report = Path(ncu["report"] or "")
-    assert ncu["report"] and report.suffix == ".ncu-rep" and report.stat().st_size > 0, ncu
-    assert report.is_relative_to(tmp_path / "art")
-    assert "kcoral_ncu_report" in (tmp_path / "junit.xml").read_text()
