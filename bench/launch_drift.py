@@ -33,6 +33,7 @@ import subprocess
 import sys
 from typing import Any, Callable
 
+
 def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict], None]) -> None:
     """A worker: time the launch-bound function for each budget received, until None."""
     import torch
@@ -120,7 +121,7 @@ def _stdio_main(device: str) -> None:
     _serve(device, recv, lambda msg: print(json.dumps(msg), flush=True))
 
 
-_ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): this process's children get a fixed address layout
+_ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): the program exec'd next gets a fixed address layout
 
 
 def _no_aslr() -> None:
@@ -130,6 +131,7 @@ def _no_aslr() -> None:
     current = libc.personality(ctypes.c_ulong(0xFFFFFFFF))  # 0xffffffff: query, change nothing
     if current == -1 or libc.personality(ctypes.c_ulong(current | _ADDR_NO_RANDOMIZE)) == -1:
         raise OSError(ctypes.get_errno(), "personality(ADDR_NO_RANDOMIZE) failed")
+
 
 VARIANTS = {
     # what the two processes of a pair share beyond their code: nothing; the same str hash seed;

@@ -147,9 +147,14 @@ class Diagnostics:
     # -- running a candidate under a tool ---------------------------------------------------
 
     def _path(self, nodeid: str, what: str) -> Path:
+        """The item's file ``what`` in its folder, with an earlier session's copy removed: a tool
+        that fails before writing must not leave a stale file to be read as its output."""
         folder = self.artifacts / re.sub(r"[^A-Za-z0-9_.=+-]+", "_", nodeid).strip("_")
         folder.mkdir(parents=True, exist_ok=True)
-        return (folder / what).resolve()
+        path = (folder / what).resolve()
+        for stale in (path, path.with_name(path.name + ".ncu-rep")):
+            stale.unlink(missing_ok=True)
+        return path
 
     def _run(self, tool: list[str], job: dict[str, Any], inputs: list, env: dict[str, str]) -> tuple[int | None, str, float]:
         """Exit status (None: out of time), the output's tail and the seconds it took."""

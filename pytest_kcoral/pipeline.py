@@ -236,8 +236,8 @@ class LocalExecutor:
         result.extra.setdefault("diagnostics", {})[tool] = record
         deadline += time.monotonic() - started
         candidate.deadline = deadline
-        if record.get("failure"):
-            raise StageFailed("correctness", record["failure"], "sanitizer")
+        if record.get("failure"):  # only the sanitizer's verdict can fail an item
+            raise StageFailed("correctness", record["failure"], tool)
         return deadline
 
     def _record_baseline_only(self, spec: ItemSpec, result: ItemResult, tol: correctness.Tolerance) -> None:

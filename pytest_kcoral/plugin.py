@@ -134,7 +134,7 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
 
 def _start_children_early(config: pytest.Config) -> None:
     """A case will be graded here: start the template children are forked from now, so its
-    imports run while the rest is collected (and, under xdist, while the workers start)."""
+    imports run while the rest is collected (on an xdist worker: that worker's template)."""
     if config.option.collectonly or config.stash[settings_key].url:
         return
     get_executor(config).start_template()

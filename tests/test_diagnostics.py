@@ -185,3 +185,16 @@ def _gone_or_zombie(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def test_an_earlier_sessions_files_never_pass_for_this_runs_output(tmp_path):
+    diagnostics = _diagnostics(tmp_path)
+    first = diagnostics._path("cases/add::good[seen-n=8]", "profile")
+    first.with_name("profile.ncu-rep").write_text("an old report")
+    log = diagnostics._path("cases/add::good[seen-n=8]", "sanitizer-memcheck.txt")
+    log.write_text("========= ERROR SUMMARY: 3 errors\n")
+    assert diagnostics._path("cases/add::good[seen-n=8]", "profile") == first
+    assert not first.with_name("profile.ncu-rep").exists()
+    diagnostics._path("cases/add::good[seen-n=8]", "sanitizer-memcheck.txt")
+    assert not log.exists()
+    assert first.parent == (tmp_path / "art" / "cases_add_good_seen-n=8").resolve()
