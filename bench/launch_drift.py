@@ -15,11 +15,13 @@ drift (both columns move together) can be told from a per-process offset (one co
 the other). ``--variants`` picks how the two processes of a pair are made: fresh interpreters
 (``default``), fresh interpreters with the same str hash seed (``hashseed``), the same address
 layout (``noaslr``) or both (``both``), or forked from one template process that imported torch,
-as the grader's children are (``forked``).
+as the grader's children are (``forked``), and with their inputs placed as the grader's children
+place them, behind random pads (``placed``).
 Run on a GPU host:
 
     python bench/launch_drift.py --pairs 5 --rounds 4,16,64 --budget 1.0
     python bench/launch_drift.py --pairs 8 --rounds 8 --budget 0.5 --variants default,both,forked
+    python bench/launch_drift.py --pairs 8 --rounds 8 --budget 0.5 --variants forked,placed
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ import sys
 from typing import Any, Callable
 
 
-def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict], None]) -> None:
-    """A worker: time the launch-bound function for each budget received, until None."""
+def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict], None], placed: bool = False) -> None:
+    """A worker: time the launch-bound function for each budget received, until None. ``placed``:
+    its 16 input sets behind random pads and its outputs kept in rotation, as the grader's
+    children place them (``timing/placement.py``), with pads drawn anew in each worker."""
+    import random
+
     import torch
 
     import pytest_kcoral
-    from pytest_kcoral.timing import pinning
+    from pytest_kcoral.timing import pinning, placement
 
     core = pinning.choose(device)
 
@@ -48,12 +54,22 @@ def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict],
         e = torch.exp(shifted)
         return e / e.sum(dim=-1, keepdim=True)
 
-    sets = [(3.0 * torch.randn(7, 100, device=device),) for _ in range(16)]
+    def make(_seed: int) -> tuple:
+        return (3.0 * torch.randn(7, 100, device=device),)
+
+    on_output = None
+    if placed:
+        spread = placement.Placements(device, random.Random())  # seeded from os.urandom
+        seeds = [0, 1, 2]
+        sets = spread.make_sets(make, seeds, lambda: len(seeds))
+        on_output = spread.keep_output
+    else:
+        sets = [make(k) for k in range(16)]
     send({"ready": True})
     first = True
     while (budget := recv()) is not None:
         with pinning.pinned(core):
-            r = pytest_kcoral.benchmark(softmax_chain, input_sets=sets, budget_s=budget,
+            r = pytest_kcoral.benchmark(softmax_chain, input_sets=sets, on_output=on_output, budget_s=budget,
                                         warmup_s=0.05 if first else 0.0, max_samples=100000)
         first = False
         send({"samples": r["samples_us"], "median": r["median_us"]})
@@ -89,11 +105,11 @@ class _Interpreter:
 class _Forked:
     """A worker forked from one template that imported torch, as the grader's children are."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, placed: bool) -> None:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "pytest_kcoral.timing"])
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_forked_main, args=(child_conn, device))
+        self.proc = ctx.Process(target=_forked_main, args=(child_conn, device, placed))
         self.proc.start()
         child_conn.close()
 
@@ -109,8 +125,8 @@ class _Forked:
         self.proc.join(timeout=30)
 
 
-def _forked_main(conn: Any, device: str) -> None:
-    _serve(device, conn.recv, conn.send)
+def _forked_main(conn: Any, device: str, placed: bool) -> None:
+    _serve(device, conn.recv, conn.send, placed)
 
 
 def _stdio_main(device: str) -> None:
@@ -140,13 +156,18 @@ VARIANTS = {
     "hashseed": ({"PYTHONHASHSEED": "0"}, False),
     "noaslr": ({}, True),
     "both": ({"PYTHONHASHSEED": "0"}, True),
-    "forked": None,  # both forked from one template process, as in the grader
+}
+FORKED_VARIANTS = {
+    # both forked from one template process, as in the grader; "placed": and their inputs placed
+    # behind random pads, as the grader's children place them
+    "forked": False,
+    "placed": True,
 }
 
 
 def _start_pair(device: str, variant: str) -> tuple[Any, Any]:
-    if VARIANTS[variant] is None:
-        workers = [_Forked(device), _Forked(device)]
+    if variant in FORKED_VARIANTS:
+        workers = [_Forked(device, FORKED_VARIANTS[variant]), _Forked(device, FORKED_VARIANTS[variant])]
     else:
         env_extra, no_aslr = VARIANTS[variant]
         workers = [_Interpreter(device, env_extra, no_aslr) for _ in range(2)]
@@ -184,7 +205,7 @@ def main() -> None:
     parser.add_argument("--rounds", default="4,16,64", help="rounds a side, comma-separated settings")
     parser.add_argument("--budget", type=float, default=1.0, help="timing budget a side, in seconds")
     parser.add_argument("--variants", default="default",
-                        help="what the two processes share: " + ", ".join(VARIANTS) + " (comma-separated)")
+                        help="what the two processes share: " + ", ".join([*VARIANTS, *FORKED_VARIANTS]) + " (comma-separated)")
     parser.add_argument("--show-rounds", action="store_true", help="print every round of each setting's first pair")
     parser.add_argument("--device", default="cuda:0", help="cpu only to try the script out")
     args = parser.parse_args()
