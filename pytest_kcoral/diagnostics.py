@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,8 +140,6 @@ class Diagnostics:
             return record
         why = "timed out" if status is None else f"exit status {status}" if status else "no report written"
         record.update(report=None, error=f"{why}: {output[-800:]}")
-        import warnings
-
         warnings.warn(DiagnosticsWarning(f"--kcoral-ncu: no report for {nodeid} ({why}); see the item's diagnostics in the JSON"))
         return record
 

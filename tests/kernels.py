@@ -21,3 +21,18 @@ def {name}(a, b):
     _add[(triton.cdiv(a.numel(), {block}),)](a, b, out, a.numel(), BLOCK={block})
     return out
 """
+
+
+def add_case(seen: list[int], unseen: list[int] = ()) -> str:
+    """A native case's source: ``a + b`` over fp32 vectors of the given lengths."""
+    return f"""
+import torch
+SEEN = {[{"n": n} for n in seen]!r}
+UNSEEN = {[{"n": n} for n in unseen]!r}
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+"""

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool, ncu_command, sanitizer_findings
+from kernels import add_case
+
+from pytest_kcoral.diagnostics import Diagnostics, DiagnosticsUnavailable, find_tool, ncu_command, sanitizer_findings
 
 
 def test_a_missing_tool_stops_the_session_and_says_where_it_looked(make_case, run_kcoral, monkeypatch, tmp_path):
@@ -43,17 +45,7 @@ def test_an_unknown_sanitizer_tool_is_refused(make_case, run_kcoral):
     result.stderr.fnmatch_lines(["*--kcoral-sanitizer: invalid choice: 'leakcheck'*memcheck*racecheck*initcheck*synccheck*"])
 
 
-CASE = """
-import torch
-SEEN = [{"n": 8}]
-UNSEEN = []
-
-def make_inputs(shape, device):
-    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
-
-def reference(a, b):
-    return a + b
-"""
+CASE = add_case([8])
 
 # writes what it was called with, so the test sees the calls the tool would have watched
 RECORDING = """
@@ -138,8 +130,6 @@ def test_ncu_keeps_the_clocks_as_the_timer_sees_them(tmp_path):
 
 
 def _diagnostics(tmp_path, timeout_s: float = 60.0):
-    from pytest_kcoral.diagnostics import Diagnostics
-
     return Diagnostics(ncu=None, sanitizer=None, sanitizer_tool=None, artifacts=tmp_path / "art", timeout_s=timeout_s, child_env={})
 
 

@@ -4,15 +4,12 @@ subprocess, so its template process and its CUDA state are its own."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from kernels import triton_add
+from grading import grade_in_subprocess
+from kernels import add_case, triton_add
 
 from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool
 
@@ -20,17 +17,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # 257 elements: the second program of a 256-wide kernel covers 256..511, past every tensor's end
-CASE = """
-import torch
-SEEN = [{"n": 257}]
-UNSEEN = []
-
-def make_inputs(shape, device):
-    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
-
-def reference(a, b):
-    return a + b
-"""
+CASE = add_case([257])
 
 MASKED = triton_add(block=256)
 # loads without the mask read past the inputs' ends; the masked store keeps the output right, so
@@ -46,16 +33,8 @@ def _tool(name: str) -> str:
 
 
 def _grade(tmp_path: Path, candidates: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    case = tmp_path / "cases" / "add"
-    (case / "candidates").mkdir(parents=True, exist_ok=True)
-    (case / "case.py").write_text(textwrap.dedent(CASE))
-    for name, src in candidates.items():
-        (case / "candidates" / f"{name}.py").write_text(textwrap.dedent(src))
-    cmd = [sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases", "--kcoral-json", "out.json",
-           "--kcoral-mode", "correctness", "--kcoral-artifacts", "art", "--kcoral-lease-dir", str(tmp_path / "leases"),
-           "--junitxml", "junit.xml", *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=540, env=dict(os.environ))
-    return proc, json.loads((tmp_path / "out.json").read_text())
+    return grade_in_subprocess(tmp_path, CASE, candidates, "--kcoral-mode", "correctness", "--kcoral-artifacts", "art",
+                               "--junitxml", "junit.xml", *args, timeout=540)
 
 
 def test_ncu_writes_a_report_per_item_and_the_grade_stands(tmp_path):

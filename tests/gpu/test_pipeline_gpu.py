@@ -5,29 +5,17 @@ a subprocess, so its template process and its CUDA state are its own."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from kernels import triton_add
+from grading import grade_in_subprocess
+from kernels import add_case, triton_add
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-CASE = """
-import torch
-SEEN = [{"n": 1 << 22}]
-UNSEEN = [{"n": (1 << 22) + 3}]
-
-def make_inputs(shape, device):
-    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
-
-def reference(a, b):
-    return a + b
-"""
+CASE = add_case([1 << 22], [(1 << 22) + 3])
 
 TRITON_ADD = triton_add(block=1024)
 
@@ -50,15 +38,7 @@ def run(a, b):
 
 
 def _grade(tmp_path: Path, candidates: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    case = tmp_path / "cases" / "add"
-    (case / "candidates").mkdir(parents=True, exist_ok=True)
-    (case / "case.py").write_text(textwrap.dedent(CASE))
-    for name, src in candidates.items():
-        (case / "candidates" / f"{name}.py").write_text(textwrap.dedent(src))
-    cmd = [sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases", "--kcoral-json", "out.json",
-           "--kcoral-timing-budget", "0.3", "--kcoral-lease-dir", str(tmp_path / "leases"), *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=dict(os.environ))
-    return proc, json.loads((tmp_path / "out.json").read_text())
+    return grade_in_subprocess(tmp_path, CASE, candidates, "--kcoral-timing-budget", "0.3", *args)
 
 
 def test_triton_candidate_graded_with_cupti(tmp_path):
