@@ -16,12 +16,15 @@ the other). ``--variants`` picks how the two processes of a pair are made: fresh
 (``default``), fresh interpreters with the same str hash seed (``hashseed``), the same address
 layout (``noaslr``) or both (``both``), or forked from one template process that imported torch,
 as the grader's children are (``forked``), and with their inputs placed as the grader's children
-place them, behind random pads (``placed``).
+place them, behind random pads (``placed``), or behind the same pads in both (``shared``), or
+forked without transparent huge pages (``nothp``).
+``--probes`` also times, in each round, three parts of a launch gap (pure Python, a cached
+allocation, one launch) and prints how their per-pair ratios follow the chain's.
 Run on a GPU host:
 
     python bench/launch_drift.py --pairs 5 --rounds 4,16,64 --budget 1.0
     python bench/launch_drift.py --pairs 8 --rounds 8 --budget 0.5 --variants default,both,forked
-    python bench/launch_drift.py --pairs 8 --rounds 8 --budget 0.5 --variants forked,placed
+    python bench/launch_drift.py --pairs 8 --rounds 8 --budget 0.5 --variants forked,placed,shared --probes
 """
 
 from __future__ import annotations
@@ -36,10 +39,42 @@ import sys
 from typing import Any, Callable
 
 
-def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict], None], placed: bool = False) -> None:
+def _probes(device: str, x: Any) -> dict[str, float]:
+    """Host microseconds of three things the chain's launch gaps are made of, each a median:
+    pure Python (``py``), a cached allocation (``alloc``) and one kernel launch (``launch``).
+    Which of them moves with the chain's per-process offset tells where the offset lives."""
+    import time
+
+    import torch
+
+    def median_us(fn: Callable[[], Any], reps: int = 200) -> float:
+        times = []
+        for k in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+            if k % 20 == 19 and device.startswith("cuda"):
+                torch.cuda.synchronize(device)  # the launch queue never fills
+        return statistics.median(times)
+
+    table = {k: k * 3 for k in range(64)}
+    y = torch.zeros_like(x)
+    result = {
+        "py": median_us(lambda: sum(table[k % 64] for k in range(400))),
+        "alloc": median_us(lambda: torch.empty_like(x)),
+        "launch": median_us(lambda: y.add_(1.0)),
+    }
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return result
+
+
+def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict], None], placed: bool = False,
+           pad_seed: int | None = None) -> None:
     """A worker: time the launch-bound function for each budget received, until None. ``placed``:
     its 16 input sets behind random pads and its outputs kept in rotation, as the grader's
-    children place them (``timing/placement.py``), with pads drawn anew in each worker."""
+    children place them (``timing/placement.py``), with pads drawn anew in each worker, or from
+    ``pad_seed`` (the same pads in both workers of a pair)."""
     import random
 
     import torch
@@ -59,7 +94,7 @@ def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict],
 
     on_output = None
     if placed:
-        spread = placement.Placements(device, random.Random())  # seeded from os.urandom
+        spread = placement.Placements(device, random.Random(pad_seed))  # None: seeded from os.urandom
         seeds = [0, 1, 2]
         sets = spread.make_sets(make, seeds, lambda: len(seeds))
         on_output = spread.keep_output
@@ -71,8 +106,9 @@ def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict],
         with pinning.pinned(core):
             r = pytest_kcoral.benchmark(softmax_chain, input_sets=sets, on_output=on_output, budget_s=budget,
                                         warmup_s=0.05 if first else 0.0, max_samples=100000)
+            probes = _probes(device, sets[0][0])
         first = False
-        send({"samples": r["samples_us"], "median": r["median_us"]})
+        send({"samples": r["samples_us"], "median": r["median_us"], "probes": probes})
 
 
 class _Interpreter:
@@ -105,11 +141,11 @@ class _Interpreter:
 class _Forked:
     """A worker forked from one template that imported torch, as the grader's children are."""
 
-    def __init__(self, device: str, placed: bool) -> None:
+    def __init__(self, device: str, setting: dict[str, Any], pad_seed: int | None) -> None:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "pytest_kcoral.timing"])
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_forked_main, args=(child_conn, device, placed))
+        self.proc = ctx.Process(target=_forked_main, args=(child_conn, device, setting, pad_seed))
         self.proc.start()
         child_conn.close()
 
@@ -125,8 +161,16 @@ class _Forked:
         self.proc.join(timeout=30)
 
 
-def _forked_main(conn: Any, device: str, placed: bool) -> None:
-    _serve(device, conn.recv, conn.send, placed)
+_PR_SET_THP_DISABLE = 41  # prctl(2): no transparent huge pages for this process from now on
+
+
+def _forked_main(conn: Any, device: str, setting: dict[str, Any], pad_seed: int | None) -> None:
+    if setting.get("no_thp"):
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE) failed")
+    _serve(device, conn.recv, conn.send, setting.get("placed", False), pad_seed)
 
 
 def _stdio_main(device: str) -> None:
@@ -157,17 +201,23 @@ VARIANTS = {
     "noaslr": ({}, True),
     "both": ({"PYTHONHASHSEED": "0"}, True),
 }
-FORKED_VARIANTS = {
+FORKED_VARIANTS: dict[str, dict[str, Any]] = {
     # both forked from one template process, as in the grader; "placed": and their inputs placed
-    # behind random pads, as the grader's children place them
-    "forked": False,
-    "placed": True,
+    # behind random pads, as the grader's children place them; "shared": behind the same pads in
+    # both workers of a pair; "nothp": forked, without transparent huge pages (the H200 host has
+    # them "always": whether a hot page got one is up to each process)
+    "forked": {},
+    "placed": {"placed": True},
+    "shared": {"placed": True, "shared_pads": True},
+    "nothp": {"no_thp": True},
 }
 
 
 def _start_pair(device: str, variant: str) -> tuple[Any, Any]:
     if variant in FORKED_VARIANTS:
-        workers = [_Forked(device, FORKED_VARIANTS[variant]), _Forked(device, FORKED_VARIANTS[variant])]
+        setting = FORKED_VARIANTS[variant]
+        pad_seed = int.from_bytes(os.urandom(8), "little") if setting.get("shared_pads") else None
+        workers = [_Forked(device, setting, pad_seed) for _ in range(2)]
     else:
         env_extra, no_aslr = VARIANTS[variant]
         workers = [_Interpreter(device, env_extra, no_aslr) for _ in range(2)]
@@ -176,24 +226,38 @@ def _start_pair(device: str, variant: str) -> tuple[Any, Any]:
     return workers[0], workers[1]
 
 
-def run_pair(rounds: int, budget: float, device: str, variant: str = "default") -> tuple[float, list[tuple[float, float]]]:
-    """Ratio of pooled medians A/B over ``rounds`` rounds a side, and every round's (A, B) median."""
+def run_pair(rounds: int, budget: float, device: str, variant: str = "default") -> tuple[float, list[tuple[float, float]], dict[str, float]]:
+    """Ratio of pooled medians A/B over ``rounds`` rounds a side, every round's (A, B) median, and
+    each probe's ratio A/B (medians over the rounds)."""
     a, b = _start_pair(device, variant)
     try:
         per_round: list[tuple[float, float]] = []
         pooled_a: list[float] = []
         pooled_b: list[float] = []
+        probes_a: list[dict[str, float]] = []
+        probes_b: list[dict[str, float]] = []
         for r in range(rounds):
             order = (a, b) if r % 2 == 0 else (b, a)  # A B B A A B ...: each side goes first half the time
             results = {id(p): p.round(budget / rounds) for p in order}
             ra, rb = results[id(a)], results[id(b)]
             pooled_a += ra["samples"]
             pooled_b += rb["samples"]
+            probes_a.append(ra["probes"])
+            probes_b.append(rb["probes"])
             per_round.append((ra["median"], rb["median"]))
-        return statistics.median(pooled_a) / statistics.median(pooled_b), per_round
+        probe_ratios = {name: statistics.median(p[name] for p in probes_a) / statistics.median(p[name] for p in probes_b)
+                        for name in probes_a[0]}
+        return statistics.median(pooled_a) / statistics.median(pooled_b), per_round, probe_ratios
     finally:
         a.close()
         b.close()
+
+
+def _correlation(xs: list[float], ys: list[float]) -> float:
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:  # a constant column: nothing to correlate
+        return float("nan")
 
 
 def main() -> None:
@@ -207,14 +271,18 @@ def main() -> None:
     parser.add_argument("--variants", default="default",
                         help="what the two processes share: " + ", ".join([*VARIANTS, *FORKED_VARIANTS]) + " (comma-separated)")
     parser.add_argument("--show-rounds", action="store_true", help="print every round of each setting's first pair")
+    parser.add_argument("--probes", action="store_true",
+                        help="also print each pair's A/B of pure Python, a cached allocation and one launch, with their correlation to the chain's")
     parser.add_argument("--device", default="cuda:0", help="cpu only to try the script out")
     args = parser.parse_args()
     for variant in args.variants.split(","):
         for rounds in [int(r) for r in args.rounds.split(",")]:
             ratios = []
+            probe_ratios: list[dict[str, float]] = []
             for pair in range(args.pairs):
-                ratio, per_round = run_pair(rounds, args.budget, args.device, variant)
+                ratio, per_round, probes = run_pair(rounds, args.budget, args.device, variant)
                 ratios.append(ratio)
+                probe_ratios.append(probes)
                 if pair == 0 and args.show_rounds:
                     print(f"{variant}, rounds={rounds}, pair 0, every round's median (A / B, us):")
                     print("  " + "  ".join(f"{x:.1f}/{y:.1f}" for x, y in per_round[:32]))
@@ -222,6 +290,11 @@ def main() -> None:
             print(f"{variant}, rounds={rounds}: A/B over {args.pairs} pairs: " + " ".join(f"{r:.3f}" for r in ratios)
                   + f"; within 2%: {within}/{len(ratios)}; max |A/B - 1| = {max(abs(r - 1) for r in ratios):.3f}",
                   flush=True)
+            if args.probes:  # does the chain's offset follow one of its parts?
+                for name in probe_ratios[0]:
+                    column = [p[name] for p in probe_ratios]
+                    print(f"  probe {name}: A/B " + " ".join(f"{r:.3f}" for r in column)
+                          + f"; correlation with the chain's A/B: {_correlation(ratios, column):+.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

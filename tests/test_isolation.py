@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+
+import pytest
 
 GOOD = "def run(a, b):\n    return a + b\n"
 
@@ -113,6 +116,40 @@ def baseline(a, b):
     assert trusted and candidates and not trusted & candidates
     assert len(candidates) == 4, "one fresh candidate process per item"
     assert not any(r.get("candidate_loaded") for r in records if r["role"] != "candidate")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_GET_THP_DISABLE) is Linux only")
+def test_every_child_runs_without_transparent_huge_pages(make_case, run_kcoral, pytester):
+    # the huge-page lottery moved pure Python by up to 1.33x between two forked processes: the
+    # baseline's and the candidate's processes must not draw in it (pytest_kcoral/template.py)
+    log = pytester.path / "thp.jsonl"
+    probe = (
+        "import ctypes, json\n"
+        "def _log(role):\n"
+        f"    with open({str(log)!r}, 'a') as f:\n"
+        "        f.write(json.dumps({'role': role, 'thp_disabled': ctypes.CDLL(None).prctl(42, 0, 0, 0, 0)}) + '\\n')\n"
+    )
+    case = probe + """
+import torch
+SEEN = [{"n": 64}]
+UNSEEN = []
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    _log("reference")
+    return a + b
+
+def baseline(a, b):
+    _log("baseline")
+    return a + b
+"""
+    make_case("cases/add", case, {"c": probe + "def run(a, b):\n    _log('candidate')\n    return a + b\n"})
+    run_kcoral("--kcoral-timing-budget", "0.02").assert_outcomes(passed=1)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["role"] for r in records} == {"reference", "baseline", "candidate"}
+    assert all(r["thp_disabled"] == 1 for r in records), records
 
 
 def test_template_preload_never_touches_cuda():
