@@ -171,8 +171,14 @@ def get_executor(config: pytest.Config) -> Any:
         from pytest_kcoral.lease_plugin import get_devices, lease_factory
         from pytest_kcoral.pipeline import LocalExecutor
 
-        device_kind = "cuda" if any(d.is_cuda for d in get_devices(config)) else "cpu"
+        devices = get_devices(config)
+        device_kind = "cuda" if any(d.is_cuda for d in devices) else "cpu"
         settings = config.stash[settings_key]
+        if device_kind == "cuda":
+            from pytest_kcoral.timing import pinning
+
+            # before the template starts: it, and every child forked from it, stays off these cores
+            pinning.reserve([d.name for d in devices], settings.timing_cpu)
         sandbox = None
         if settings.sandbox:
             from pytest_kcoral import isolation

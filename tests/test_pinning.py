@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -13,12 +17,89 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="ne
 
 def test_each_gpu_gets_its_own_core_counted_from_the_last():
     allowed = sorted(os.sched_getaffinity(0))
-    assert pinning.choose("cuda:0") == allowed[-1]
+    picks = pinning.timing_cores(allowed)
+    assert pinning.choose("cuda:0") == allowed[-1] == picks[0]
     assert pinning.choose("cuda") == allowed[-1]
-    if len(allowed) > 1:
-        assert pinning.choose("cuda:1") == allowed[-2]
-    # more GPUs than cores wraps around rather than failing
-    assert pinning.choose(f"cuda:{len(allowed)}") == allowed[-1]
+    if len(picks) > 1:
+        assert pinning.choose("cuda:1") == picks[1]
+        assert picks[1] not in pinning.siblings(picks[0])
+    # more GPUs than physical cores wraps around rather than failing
+    assert pinning.choose(f"cuda:{len(picks)}") == allowed[-1]
+
+
+def test_two_gpus_never_time_on_one_physical_core():
+    adjacent = {0: {0, 1}, 1: {0, 1}, 2: {2, 3}, 3: {2, 3}}  # SMT siblings numbered side by side
+    assert pinning.timing_cores(range(4), lambda c: frozenset(adjacent[c])) == [3, 1]
+    split = {0: {0, 2}, 2: {0, 2}, 1: {1, 3}, 3: {1, 3}}  # siblings half the machine apart
+    assert pinning.timing_cores(range(4), lambda c: frozenset(split[c])) == [3, 2]
+    assert pinning.timing_cores([5, 1, 3], lambda c: frozenset({c})) == [5, 3, 1]
+
+
+def test_kernel_cpu_lists_parse():
+    assert pinning.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert pinning.parse_cpu_list("7") == {7}
+    assert pinning.siblings(max(os.sched_getaffinity(0))) >= {max(os.sched_getaffinity(0))}
+
+
+def _in_a_fresh_process(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter (reserving changes the whole process's affinity) and
+    return the JSON it prints last."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_reserved_timing_core_is_left_to_the_timing_thread():
+    allowed = os.sched_getaffinity(0)
+    last = max(allowed)
+    if len(allowed - pinning.siblings(last)) < 1:
+        pytest.skip("every core of this machine shares the last core's physical core: nothing would be left")
+    out = _in_a_fresh_process("""
+        import json, os, threading
+        from pytest_kcoral.timing import pinning
+
+        started = threading.Event()
+        stop = threading.Event()
+        thread = threading.Thread(target=lambda: (started.set(), stop.wait()))
+        thread.start()  # a thread that existed before the reservation loses the core too
+        started.wait()
+        reserved = pinning.reserve(["cuda:0"], "auto", min_left=1)
+        core = pinning.choose("cuda:0")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a process started afterwards inherits the reservation
+            os.write(write, json.dumps(sorted(os.sched_getaffinity(0))).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        child = json.loads(os.read(read, 1 << 16))
+        with pinning.pinned(core) as ok:
+            inside = sorted(os.sched_getaffinity(0))
+        after = sorted(os.sched_getaffinity(0))
+        other = sorted(os.sched_getaffinity(thread.native_id))
+        stop.set()
+        thread.join()
+        print(json.dumps({"reserved": sorted(reserved), "core": core, "child": child, "pinned": ok,
+                          "inside": inside, "after": after, "other_thread": other}))
+    """)
+    assert out["core"] == last and last in out["reserved"]
+    assert set(out["reserved"]) == set(pinning.siblings(last)) & allowed
+    left = sorted(allowed - set(out["reserved"]))
+    assert out["child"] == left and out["after"] == left and out["other_thread"] == left
+    assert out["pinned"] and out["inside"] == [last], "the timing thread may still pin to the reserved core"
+
+
+def test_nothing_reserved_when_too_few_cores_would_be_left_or_pinning_is_off():
+    out = _in_a_fresh_process(f"""
+        import json, os
+        from pytest_kcoral.timing import pinning
+
+        before = sorted(os.sched_getaffinity(0))
+        too_few = pinning.reserve(["cuda:0"], "auto", min_left={len(os.sched_getaffinity(0)) + 1})
+        off = pinning.reserve(["cuda:0"], "off", min_left=1)
+        cpu = pinning.reserve(["cpu"], "auto", min_left=1)
+        print(json.dumps({{"reserved": [sorted(too_few), sorted(off), sorted(cpu)], "same": sorted(os.sched_getaffinity(0)) == before}}))
+    """)
+    assert out == {"reserved": [[], [], []], "same": True}
 
 
 def test_no_pinning_on_a_cpu_device_or_when_off():

@@ -9,6 +9,18 @@ while they are timed; which core depends on the device, so workers on different 
 one. Only the timing thread is pinned (``sched_setaffinity`` of the calling thread), and the old
 affinity is restored afterwards.
 
+Two more things keep the timing thread's core its own (``reserve``, called once per pytest process
+before any child starts):
+
+- each GPU gets a core on a physical core of its own: a core that is an SMT sibling (hyperthread)
+  of an earlier GPU's core is skipped, so two workers never time on one physical core;
+- the timing cores, and the siblings that share their physical cores, are taken out of the
+  affinity of the pytest process and so of every process it starts afterwards (the template and
+  every child forked from it, their CUDA and compiler threads). Only a timing thread pins itself
+  there. With two workers on the two-GPU H200 host, a launch-bound baseline read 15.2 us serially
+  and 31.0 us in parallel, while nothing kept the other worker's compiles and comparisons off the
+  timing core (docs/performance.md, session 6; whether that was the cause is still to be measured).
+
 On a CPU device nothing is pinned: there the timed work itself runs on the host, and concurrent
 workers would all land on one core.
 """
@@ -17,29 +29,95 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 TIMING_CPU_CHOICES = ("auto", "off")
+MIN_CORES_LEFT = 2  # fewer left for everything else than this: reserve nothing
+
+# This process's cores before ``reserve`` took the timing cores out; None: nothing reserved.
+_all_cores: frozenset[int] | None = None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """A kernel CPU list ("0-3,8,10-11") as a set of core numbers."""
+    cores: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def siblings(core: int) -> frozenset[int]:
+    """The hardware threads that share ``core``'s physical core, ``core`` included (sysfs; only
+    ``core`` where the topology cannot be read)."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list") as f:
+            return frozenset(parse_cpu_list(f.read()) | {core})
+    except (OSError, ValueError):
+        return frozenset({core})
+
+
+def timing_cores(allowed: Iterable[int], siblings_of: Callable[[int], frozenset[int]] = siblings) -> list[int]:
+    """The timing core of GPU 0, 1, ...: the allowed cores counted from the last (core 0 takes most
+    of the system's interrupts), one per physical core."""
+    picks: list[int] = []
+    taken: set[int] = set()
+    for core in sorted(allowed, reverse=True):
+        if core not in taken:
+            picks.append(core)
+            taken |= siblings_of(core)
+    return picks
+
+
+def _universe() -> list[int]:
+    """The cores timing may pin to: this process's, as they were before ``reserve``."""
+    return sorted(_all_cores if _all_cores is not None else os.sched_getaffinity(0))
 
 
 def choose(device: str, setting: str = "auto") -> int | None:
     """The core the timing stage of an item on ``device`` runs on, or None for no pinning.
 
-    ``setting``: "auto" (a core per GPU, counted from the last allowed core, since core 0 takes
-    most of the system's interrupts), "off", or a core number.
+    ``setting``: "auto" (GPU ``i`` gets ``timing_cores(...)[i]``, wrapping around when there are
+    more GPUs than physical cores), "off", or a core number.
     """
     if setting == "off" or not device.startswith("cuda"):
         return None
     if not hasattr(os, "sched_getaffinity"):
         return None
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = _universe()
     if setting != "auto":
         core = int(setting)
         if core not in allowed:
             raise ValueError(f"--kcoral-timing-cpu {core}: not one of this process's cores {allowed}")
         return core
     index = int(device.partition(":")[2] or 0)
-    return allowed[-1 - index % len(allowed)]
+    picks = timing_cores(allowed)
+    return picks[index % len(picks)]
+
+
+def reserve(devices: Iterable[str], setting: str = "auto", min_left: int = MIN_CORES_LEFT) -> frozenset[int]:
+    """Take the timing cores of ``devices``, with their SMT siblings, out of the affinity of every
+    thread of this process (and so of every process started from now on); ``choose`` still picks
+    from the cores as they were. Returns the cores taken out: none when pinning is off, on a CPU,
+    or when fewer than ``min_left`` cores would be left for everything else."""
+    global _all_cores
+    if not hasattr(os, "sched_setaffinity"):
+        return frozenset()
+    cores = {choose(device, setting) for device in devices} - {None}
+    if not cores:
+        return frozenset()
+    allowed = set(_universe())
+    reserved = set().union(*(siblings(core) for core in cores)) & allowed
+    left = allowed - reserved
+    if len(left) < min_left:
+        return frozenset()
+    _all_cores = frozenset(allowed)
+    for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        with contextlib.suppress(OSError):  # a thread that has just exited
+            os.sched_setaffinity(int(task), left)
+    return frozenset(reserved)
 
 
 @contextlib.contextmanager

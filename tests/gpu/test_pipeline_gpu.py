@@ -92,3 +92,29 @@ def test_one_worker_per_gpu_and_no_overlap(tmp_path):
     for intervals in by_key.values():
         intervals.sort()
         assert all(b[0] >= a[1] for a, b in zip(intervals, intervals[1:]))
+
+
+def test_the_timing_core_is_kept_for_the_timing_thread(tmp_path):
+    # pinning.reserve: the candidate's process runs off the timing core except while it is timed
+    log = tmp_path / "affinity.jsonl"
+    spy = f"""
+    import json, os
+    def _log(where):
+        with open({str(log)!r}, "a") as f:
+            f.write(json.dumps({{"where": where, "cores": sorted(os.sched_getaffinity(0))}}) + "\\n")
+    _log("import")
+    def run(a, b):
+        _log("call")
+        return a + b
+    """
+    proc, doc = _grade(tmp_path, {"spy": spy}, "-m", "seen")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    (item,) = doc["items"]
+    (flag,) = [f for f in item["candidate_timing"]["flags"] if f.startswith("timing_cpu=")]
+    core = int(flag.partition("=")[2])
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    at_import = [r["cores"] for r in records if r["where"] == "import"]
+    calls = [r["cores"] for r in records if r["where"] == "call"]
+    assert at_import and all(core not in cores for cores in at_import), (core, at_import)
+    assert [core] in calls, "the timed calls run on the timing core"
+    assert any(core not in cores for cores in calls), "the correctness calls run off it"
