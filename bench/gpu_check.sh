@@ -20,6 +20,11 @@ if [ -d .whl ]; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1
 nvidia-smi -L | tee "$out/machine.log"
+{   # what the timing depends on besides the GPUs: SMT layout, the timing cores, transparent huge pages
+    lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))"
+    python3 -c "from pytest_kcoral.timing import pinning; import os; cores = pinning.timing_cores(os.sched_getaffinity(0)); print('timing cores of GPU 0, 1:', cores[:2], 'siblings:', [sorted(pinning.siblings(c)) for c in cores[:2]])"
+    echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+} 2>&1 | tee -a "$out/machine.log"
 
 for part in $parts; do
     case $part in
