@@ -15,9 +15,9 @@ drift (both columns move together) can be told from a per-process offset (one co
 the other). ``--variants`` picks how the two processes of a pair are made: fresh interpreters
 (``default``), fresh interpreters with the same str hash seed (``hashseed``), the same address
 layout (``noaslr``) or both (``both``), or forked from one template process that imported torch,
-as the grader's children are (``forked``), and with their inputs placed as the grader's children
+as the grader's children were until session 6 (``forked``), and with their inputs placed as the grader's children
 place them, behind random pads (``placed``), or behind the same pads in both (``shared``), or
-forked without transparent huge pages (``nothp``).
+forked without transparent huge pages, as the grader's children are now (``nothp``).
 ``--probes`` also times, in each round, three parts of a launch gap (pure Python, a cached
 allocation, one launch) and prints how their per-pair ratios follow the chain's.
 Run on a GPU host:
@@ -70,7 +70,7 @@ def _probes(device: str, x: Any) -> dict[str, float]:
 
 
 def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict], None], placed: bool = False,
-           pad_seed: int | None = None) -> None:
+           pad_seed: int | None = None, probes: bool = False) -> None:
     """A worker: time the launch-bound function for each budget received, until None. ``placed``:
     its 16 input sets behind random pads and its outputs kept in rotation, as the grader's
     children place them (``timing/placement.py``), with pads drawn anew in each worker, or from
@@ -106,16 +106,16 @@ def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict],
         with pinning.pinned(core):
             r = pytest_kcoral.benchmark(softmax_chain, input_sets=sets, on_output=on_output, budget_s=budget,
                                         warmup_s=0.05 if first else 0.0, max_samples=100000)
-            probes = _probes(device, sets[0][0])
+            parts = _probes(device, sets[0][0]) if probes else {}
         first = False
-        send({"samples": r["samples_us"], "median": r["median_us"], "probes": probes})
+        send({"samples": r["samples_us"], "median": r["median_us"], "probes": parts})
 
 
 class _Interpreter:
     """A worker in a fresh interpreter (``python launch_drift.py --serve DEVICE``)."""
 
-    def __init__(self, device: str, env_extra: dict[str, str], no_aslr: bool) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", device], stdin=subprocess.PIPE,
+    def __init__(self, device: str, env_extra: dict[str, str], no_aslr: bool, probes: bool) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", device, *(["--probes"] if probes else [])], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**os.environ, **env_extra},
                                      preexec_fn=_no_aslr if no_aslr else None)
 
@@ -170,15 +170,15 @@ def _forked_main(conn: Any, device: str, setting: dict[str, Any], pad_seed: int 
 
         if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE) failed")
-    _serve(device, conn.recv, conn.send, setting.get("placed", False), pad_seed)
+    _serve(device, conn.recv, conn.send, setting.get("placed", False), pad_seed, setting.get("probes", False))
 
 
-def _stdio_main(device: str) -> None:
+def _stdio_main(device: str, probes: bool) -> None:
     def recv() -> float | None:
         line = sys.stdin.readline()
         return float(line) if line else None
 
-    _serve(device, recv, lambda msg: print(json.dumps(msg), flush=True))
+    _serve(device, recv, lambda msg: print(json.dumps(msg), flush=True), probes=probes)
 
 
 _ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): the program exec'd next gets a fixed address layout
@@ -213,23 +213,24 @@ FORKED_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _start_pair(device: str, variant: str) -> tuple[Any, Any]:
+def _start_pair(device: str, variant: str, probes: bool) -> tuple[Any, Any]:
     if variant in FORKED_VARIANTS:
         setting = FORKED_VARIANTS[variant]
         pad_seed = int.from_bytes(os.urandom(8), "little") if setting.get("shared_pads") else None
-        workers = [_Forked(device, setting, pad_seed) for _ in range(2)]
+        workers = [_Forked(device, {**setting, "probes": probes}, pad_seed) for _ in range(2)]
     else:
         env_extra, no_aslr = VARIANTS[variant]
-        workers = [_Interpreter(device, env_extra, no_aslr) for _ in range(2)]
+        workers = [_Interpreter(device, env_extra, no_aslr, probes) for _ in range(2)]
     for worker in workers:  # both start at once; then wait for each
         worker.recv()
     return workers[0], workers[1]
 
 
-def run_pair(rounds: int, budget: float, device: str, variant: str = "default") -> tuple[float, list[tuple[float, float]], dict[str, float]]:
+def run_pair(rounds: int, budget: float, device: str, variant: str = "default",
+             probes: bool = False) -> tuple[float, list[tuple[float, float]], dict[str, float]]:
     """Ratio of pooled medians A/B over ``rounds`` rounds a side, every round's (A, B) median, and
     each probe's ratio A/B (medians over the rounds)."""
-    a, b = _start_pair(device, variant)
+    a, b = _start_pair(device, variant, probes)
     try:
         per_round: list[tuple[float, float]] = []
         pooled_a: list[float] = []
@@ -262,7 +263,7 @@ def _correlation(xs: list[float], ys: list[float]) -> float:
 
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
-        _stdio_main(sys.argv[2])
+        _stdio_main(sys.argv[2], "--probes" in sys.argv[3:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5, help="fresh process pairs per setting")
@@ -280,7 +281,7 @@ def main() -> None:
             ratios = []
             probe_ratios: list[dict[str, float]] = []
             for pair in range(args.pairs):
-                ratio, per_round, probes = run_pair(rounds, args.budget, args.device, variant)
+                ratio, per_round, probes = run_pair(rounds, args.budget, args.device, variant, args.probes)
                 ratios.append(ratio)
                 probe_ratios.append(probes)
                 if pair == 0 and args.show_rounds:
