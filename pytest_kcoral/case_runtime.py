@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from pytest_kcoral.cases import KCORAL_BENCH, KERNELBENCH, import_case_module
+from pytest_kcoral.cases import KCORAL_BENCH, KERNELBENCH, helpers_folder, import_case_module
 
 
 class CandidateError(Exception):
@@ -25,6 +25,9 @@ class CaseRuntime:
         self.format = spec["format"]
         self.device = spec["device"]
         self.init_seed = int(spec.get("init_seed", 0))
+        helpers = helpers_folder(self.format, Path(spec["source"]))
+        if helpers is not None:  # for this process's life: the case calls its helpers lazily too
+            sys.path.insert(0, str(helpers))
         self.module = import_case_module(Path(spec["source"]))
         self._baseline_fn: Callable[..., Any] | None = getattr(self.module, "baseline", None)
         if self._baseline_fn is None and spec.get("baseline_file"):

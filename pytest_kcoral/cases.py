@@ -8,11 +8,13 @@ Anything malformed raises ``CaseError`` naming the file and the problem.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -76,6 +78,37 @@ def load_case(folder: Path, rootdir: Path) -> Case:
     if (folder / "bench.json").is_file():
         return _load_kcoral_bench(folder, case_id)
     return _load_case_py(folder, case_id)
+
+
+def helpers_folder(case_format: str, source: Path) -> Path | None:
+    """The folder whose modules a case imports by plain name (``from helpers import make``), as a
+    script imports those beside it: a ``case.py``'s own folder. None for a KCoral bench folder,
+    where every other ``.py`` beside ``bench.py`` is a candidate, which a trusted process must
+    never import."""
+    return None if case_format == KCORAL_BENCH else source.resolve().parent
+
+
+@contextlib.contextmanager
+def helpers_importable(folder: Path | None) -> Iterator[None]:
+    """In the pytest process, which imports many cases in turn: the case's helpers import by plain
+    name while its module runs, and leave ``sys.modules`` afterwards, so that another case's helper
+    of the same name (``task.py``, ``utils.py``) is its own. (A child serves one case and keeps its
+    folder on ``sys.path`` for its life: ``CaseRuntime``.)"""
+    if folder is None:
+        yield
+        return
+    entry = str(folder)
+    before = set(sys.modules)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)
+        for name in set(sys.modules) - before:
+            origin = getattr(sys.modules[name], "__file__", None)
+            if origin and not name.startswith("_kcoral_") and Path(origin).resolve().is_relative_to(folder):
+                del sys.modules[name]
 
 
 def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
@@ -161,7 +194,8 @@ def _require_callable(path: Path, module: ModuleType, name: str) -> None:
 
 def _load_case_py(folder: Path, case_id: str) -> Case:
     path = folder / "case.py"
-    module = import_case_module(path)
+    with helpers_importable(helpers_folder(NATIVE, path)):
+        module = import_case_module(path)
     if hasattr(module, "Model") and callable(getattr(module, "get_inputs", None)) and not hasattr(module, "make_inputs"):
         return _kernelbench_case(folder, case_id, path, module)
     return _native_case(folder, case_id, path, module)

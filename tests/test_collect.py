@@ -93,6 +93,53 @@ def test_kcoral_bench_folder(pytester, run_kcoral):
     result.assert_outcomes(passed=3, failed=3)
 
 
+HELPER_CASE = """
+import torch
+from task import N, make  # a module beside case.py, as GPU MODE problems keep task.py and utils.py
+SEEN = [{"n": N}]
+UNSEEN = []
+
+def make_inputs(shape, device):
+    return make(shape["n"], device)
+
+def reference(a, b):
+    import utils  # imported when called, in the trusted child
+    return utils.add(a, b)
+"""
+
+
+def _helpers(n):
+    return {
+        "task.py": f"import torch\nN = {n}\ndef make(n, device):\n    return torch.randn(n, device=device), torch.randn(n, device=device)\n",
+        "utils.py": "def add(a, b):\n    return a + b\n",
+    }
+
+
+def test_a_case_imports_the_modules_beside_it_and_each_case_its_own(pytester, make_case, run_kcoral):
+    # two cases, each with its own task.py of the same name: neither may see the other's
+    candidate = "from utils import add  # candidates may import the case's helpers too\ndef run(a, b):\n    return add(a, b)\n"
+    make_case("cases/first", HELPER_CASE, {"c": candidate}, files=_helpers(3))
+    make_case("cases/second", HELPER_CASE, {"c": candidate}, files=_helpers(5))
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.stdout.fnmatch_lines(["*cases/first::c[[]seen-n=3[]] PASSED*", "*cases/second::c[[]seen-n=5[]] PASSED*"])
+    result.assert_outcomes(passed=2)
+    import sys
+
+    assert "task" not in sys.modules and "utils" not in sys.modules, "helpers leave the pytest process's modules"
+    assert not any(p.endswith(("first", "second")) for p in sys.path)
+
+
+def test_a_bench_folder_never_imports_its_candidates_into_a_trusted_process(pytester, run_kcoral):
+    # beside bench.py every other .py is a candidate: untrusted, so not importable by the case
+    folder = pytester.path / "bench_relu"
+    folder.mkdir()
+    (folder / "bench.json").write_text(json.dumps({"cases": [{"n": 64}]}))
+    (folder / "bench.py").write_text("import v0\n" + textwrap.dedent(KCORAL_BENCH_PY))
+    (folder / "v0.py").write_text("import torch\ndef run(x):\n    return torch.relu(x)\n")
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines(["*bench_relu/bench.py: importing it raised ModuleNotFoundError: No module named 'v0'*"])
+
+
 def test_kernelbench_problem(pytester, make_case, run_kcoral):
     make_case("kb/relu_linear", KERNELBENCH_CASE, {"fused": KERNELBENCH_CANDIDATE})
     result = run_kcoral("--kcoral-mode", "correctness", "-v")

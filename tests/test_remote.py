@@ -127,6 +127,30 @@ def test_remote_passing_candidate_runs_every_stage_on_the_server(make_case, run_
     assert item["phases_ms"]["compile"] > item["phases_ms"]["correctness"]
 
 
+HELPER_CASE = """
+import torch
+from task import make
+SEEN = [{"n": 8}]
+UNSEEN = []
+
+def make_inputs(shape, device):
+    return make(shape["n"], device)
+
+def reference(a, b):
+    import utils  # imported when called, on the server
+    return utils.add(a, b)
+"""
+HELPERS = {
+    "task.py": "import torch\ndef make(n, device):\n    return torch.randn(n, device=device), torch.randn(n, device=device)\n",
+    "utils.py": "def add(a, b):\n    return a + b\n",
+}
+
+
+def test_remote_case_imports_the_modules_beside_it(make_case, run_kcoral, kcoral_url):
+    make_case("cases/add", HELPER_CASE, {"c": "from utils import add\ndef run(a, b):\n    return add(a, b)\n"}, files=HELPERS)
+    run_kcoral("--kcoral-url", kcoral_url, "--kcoral-mode", "correctness").assert_outcomes(passed=1)
+
+
 def test_remote_wrong_candidate_fails_correctness_with_the_local_message(make_case, run_kcoral, pytester, kcoral_url):
     make_case("cases/add", candidates={"wrong": WRONG})
     common = ("-m", "seen", "--kcoral-mode", "correctness", "--kcoral-seed", "7")
