@@ -20,8 +20,7 @@ import warnings
 
 from pytest_kcoral import leftovers
 
-PR_SET_THP_DISABLE = 41
-PR_GET_THP_DISABLE = 42
+PR_SET_THP_DISABLE = 41  # prctl(2)
 
 
 def without_transparent_huge_pages() -> bool:

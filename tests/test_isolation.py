@@ -125,9 +125,10 @@ def test_every_child_runs_without_transparent_huge_pages(make_case, run_kcoral, 
     log = pytester.path / "thp.jsonl"
     probe = (
         "import ctypes, json\n"
+        "PR_GET_THP_DISABLE = 42\n"
         "def _log(role):\n"
         f"    with open({str(log)!r}, 'a') as f:\n"
-        "        f.write(json.dumps({'role': role, 'thp_disabled': ctypes.CDLL(None).prctl(42, 0, 0, 0, 0)}) + '\\n')\n"
+        "        f.write(json.dumps({'role': role, 'thp_disabled': ctypes.CDLL(None).prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0)}) + '\\n')\n"
     )
     case = probe + """
 import torch
@@ -146,7 +147,7 @@ def baseline(a, b):
     return a + b
 """
     make_case("cases/add", case, {"c": probe + "def run(a, b):\n    _log('candidate')\n    return a + b\n"})
-    run_kcoral("--kcoral-timing-budget", "0.02").assert_outcomes(passed=1)
+    run_kcoral().assert_outcomes(passed=1)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["role"] for r in records} == {"reference", "baseline", "candidate"}
     assert all(r["thp_disabled"] == 1 for r in records), records
