@@ -85,16 +85,12 @@ def test_private_working_directory_removed_and_not_importable(make_case, run_kco
         assert not __import__("os").path.exists(rec["cwd"]), "the private directory is removed"
 
 
-def test_reference_and_baseline_never_share_a_process_with_a_candidate(make_case, run_kcoral, pytester):
-    pids = pytester.path / "pids.jsonl"
-    case = f"""
-import json, os, sys, torch
+def _add_case_logging_roles(log_source: str, unseen: str) -> str:
+    """An add case whose reference and baseline call ``_log(role)``, defined by ``log_source``."""
+    return log_source + f"""
+import torch
 SEEN = [{{"n": 64}}]
-UNSEEN = [{{"n": 65}}]
-
-def _log(role):
-    with open({str(pids)!r}, "a") as f:
-        f.write(json.dumps({{"role": role, "pid": os.getpid(), "candidate_loaded": "kcoral_candidate" in sys.modules}}) + "\\n")
+UNSEEN = {unseen}
 
 def make_inputs(shape, device):
     return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
@@ -107,6 +103,17 @@ def baseline(a, b):
     _log("baseline")
     return a + b
 """
+
+
+def test_reference_and_baseline_never_share_a_process_with_a_candidate(make_case, run_kcoral, pytester):
+    pids = pytester.path / "pids.jsonl"
+    case = _add_case_logging_roles(f"""
+import json, os, sys
+
+def _log(role):
+    with open({str(pids)!r}, "a") as f:
+        f.write(json.dumps({{"role": role, "pid": os.getpid(), "candidate_loaded": "kcoral_candidate" in sys.modules}}) + "\\n")
+""", unseen='[{"n": 65}]')
     cand = f"import json, os\ndef run(a, b):\n    with open({str(pids)!r}, 'a') as f:\n        f.write(json.dumps({{'role': 'candidate', 'pid': os.getpid()}}) + '\\n')\n    return a + b\n"
     make_case("cases/add", case, {"c1": cand, "c2": cand})
     run_kcoral().assert_outcomes(passed=4)
@@ -130,22 +137,7 @@ def test_every_child_runs_without_transparent_huge_pages(make_case, run_kcoral, 
         f"    with open({str(log)!r}, 'a') as f:\n"
         "        f.write(json.dumps({'role': role, 'thp_disabled': ctypes.CDLL(None).prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0)}) + '\\n')\n"
     )
-    case = probe + """
-import torch
-SEEN = [{"n": 64}]
-UNSEEN = []
-
-def make_inputs(shape, device):
-    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
-
-def reference(a, b):
-    _log("reference")
-    return a + b
-
-def baseline(a, b):
-    _log("baseline")
-    return a + b
-"""
+    case = _add_case_logging_roles(probe, unseen="[]")
     make_case("cases/add", case, {"c": probe + "def run(a, b):\n    _log('candidate')\n    return a + b\n"})
     run_kcoral().assert_outcomes(passed=1)
     records = [json.loads(line) for line in log.read_text().splitlines()]

@@ -28,6 +28,7 @@ workers would all land on one core.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Callable, Iterable, Iterator
 
@@ -49,6 +50,7 @@ def parse_cpu_list(text: str) -> set[int]:
     return cores
 
 
+@functools.lru_cache(maxsize=None)  # the topology holds for the session; ``choose`` runs per item
 def siblings(core: int) -> frozenset[int]:
     """The hardware threads that share ``core``'s physical core, ``core`` included (sysfs; only
     ``core`` where the topology cannot be read)."""
