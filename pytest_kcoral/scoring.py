@@ -16,7 +16,7 @@ Rules that hold everywhere:
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -191,6 +191,19 @@ class WeakCase:
 
 
 @dataclass
+class TimerUse:
+    """How the session's items were timed. A GPU timed by CUDA events instead of CUPTI reads a
+    small kernel's launch overhead as kernel time: the summary names the reason (most often
+    cupti-python not installed), so such speedups are not taken for CUPTI's."""
+
+    methods: dict[str, int]  # candidate timing method -> items
+    fallbacks: dict[str, int]  # why CUPTI was not used -> items that fell back to events
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class CaseSummary:
     case: str
     tier: int
@@ -214,6 +227,7 @@ class Scores:
     leaderboard: list[LeaderboardEntry]
     weak_cases: list[WeakCase]
     cases: list[CaseSummary]
+    timers: TimerUse
 
 
 # -- computation ------------------------------------------------------------------------------
@@ -409,6 +423,23 @@ def weak_cases(items: Iterable[ItemResult]) -> list[WeakCase]:
     return [WeakCase(case, sorted(s)) for case, s in sorted(shapes.items())]
 
 
+FALLBACK_FLAG = "fallback_to_events: "  # timing/__init__.py's flag when CUPTI could not be used
+
+
+def timer_use(items: Iterable[ItemResult]) -> TimerUse:
+    """Items per timing method, and the reasons for any fallback from CUPTI to events."""
+    methods: Counter[str] = Counter()
+    fallbacks: Counter[str] = Counter()
+    for it in items:
+        if it.timer:
+            methods[it.timer] += 1
+        sides = (it.baseline_timing or {}, it.candidate_timing or {})
+        reasons = {f[len(FALLBACK_FLAG):] for side in sides for f in side.get("flags", []) if f.startswith(FALLBACK_FLAG)}
+        for reason in reasons:
+            fallbacks[reason] += 1
+    return TimerUse(dict(sorted(methods.items())), dict(fallbacks.most_common()))
+
+
 def case_summaries(candidates: Sequence[CandidateScore], items: Iterable[ItemResult]) -> list[CaseSummary]:
     items = graded(items)
     by_case: dict[str, list[ItemResult]] = defaultdict(list)
@@ -440,4 +471,5 @@ def score(items: Sequence[ItemResult]) -> Scores:
         leaderboard=leaderboard(candidates),
         weak_cases=weak_cases(items),
         cases=case_summaries(candidates, items),
+        timers=timer_use(items),
     )

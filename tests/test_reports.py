@@ -19,7 +19,7 @@ from pytest_kcoral.results import ItemResult
 
 TOP_LEVEL_KEYS = {
     "schema", "partial", "created", "config", "environment", "seed", "seed_is_secret", "items",
-    "candidates", "cases", "suite", "leaderboard", "weak_cases", "collection_errors",
+    "candidates", "cases", "suite", "leaderboard", "weak_cases", "timers", "collection_errors",
     "lease_history", "compare",
 }
 
@@ -268,6 +268,39 @@ def test_terminal_lines():
         "WEAK case cases/softmax: zeros or a constant match the reference on n=4096",
         "seed 99",
     ])
+
+
+NO_CUPTI = "cupti-python is not usable (ModuleNotFoundError: No module named 'cupti'); install it with `pip install pytest-kcoral[gpu]`"
+
+
+def _timed(candidate: str, method: str, *fallback: str) -> ItemResult:
+    it = item(candidate=candidate, speedup=1.0)
+    it.timer = method
+    flags = [f"fallback_to_events: {reason}" for reason in fallback]
+    it.baseline_timing = {"method": method, "flags": ["l2_flush=read:120MiB", *flags]}
+    it.candidate_timing = {"method": method, "flags": list(flags)}
+    return it
+
+
+def test_a_fallback_from_cupti_is_named_in_every_report(tmp_path):
+    items = [_timed("a", "cupti"), _timed("b", "events", NO_CUPTI), _timed("c", "events", NO_CUPTI),
+             _timed("d", "events", "CUPTI is in use: a torch profiler is running")]
+    scores = scoring.score(items)
+    assert scores.timers.methods == {"cupti": 1, "events": 3}
+    assert scores.timers.fallbacks == {NO_CUPTI: 2, "CUPTI is in use: a torch profiler is running": 1}
+    LineMatcher(terminal.summary_lines(scores)).fnmatch_lines([
+        "timed by cupti 1, events 3",
+        "TIMER FALLBACK on 2 items: CUDA events, not CUPTI (short kernels read their launch overhead):"
+        " cupti-python is not usable (ModuleNotFoundError: No module named 'cupti'); install it with*",
+        "TIMER FALLBACK on 1 item: *: CUPTI is in use: a torch profiler is running",
+    ])
+    LineMatcher(step_summary.render_markdown(scores).splitlines()).fnmatch_lines([
+        "- timed by cupti 1, events 3", "- **timer fallback** on 2 item(s): *cupti-python is not usable*"])
+    doc = json_artifact.build_document(items, scores, settings=settings(tmp_path))
+    assert doc["timers"] == {"methods": {"cupti": 1, "events": 3}, "fallbacks": scores.timers.fallbacks}
+    # no fallback, no warning; nothing timed (correctness mode), no timer line
+    assert not any("FALLBACK" in line for line in terminal.summary_lines(scoring.score(items[:1])))
+    assert not any(line.startswith("timed by") for line in terminal.summary_lines(scoring.score([item(candidate="x")])))
 
 
 def test_terminal_never_prints_a_secret_seed():

@@ -52,6 +52,11 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     for w in scores.weak_cases:
         out.append(f"- **weak case** `{w.case}`: zeros or a constant match the reference on "
                    f"{', '.join(w.shapes)}")
+    if scores.timers.methods:
+        out.append("- timed by " + ", ".join(f"{m} {n}" for m, n in scores.timers.methods.items()))
+    for reason, n in scores.timers.fallbacks.items():
+        out.append(f"- **timer fallback** on {n} item(s): CUDA events, not CUPTI (short kernels read"
+                   f" their launch overhead): {_cell(reason)}")
     if scores.leaderboard:
         out += ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
         for e in scores.leaderboard:

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_kcoral.report import fmt_bool, fmt_pct, fmt_score, fmt_speedup, fmt_unseen, pair_name
 from pytest_kcoral.report.compare import CompareResult
-from pytest_kcoral.scoring import Scores
+from pytest_kcoral.scoring import Scores, TimerUse
 
 NAME_WIDTH = 40
 COLUMNS = (  # header, width
@@ -75,6 +75,18 @@ def suite_lines(scores: Scores) -> list[str]:
     for w in scores.weak_cases:
         lines.append(f"WEAK case {w.case}: zeros or a constant match the reference on "
                      f"{', '.join(w.shapes)}")
+    lines += timer_lines(scores.timers)
+    return lines
+
+
+def timer_lines(timers: TimerUse) -> list[str]:
+    """Which timer timed the items, and why any GPU item was not timed by CUPTI."""
+    if not timers.methods:
+        return []
+    lines = ["timed by " + ", ".join(f"{method} {n}" for method, n in timers.methods.items())]
+    for reason, n in timers.fallbacks.items():
+        lines.append(f"TIMER FALLBACK on {n} item{'s' if n != 1 else ''}: CUDA events, not CUPTI"
+                     f" (short kernels read their launch overhead): {reason}")
     return lines
 
 
@@ -120,5 +132,5 @@ def summary_lines(
 def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str]) -> None:
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
-        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error"))
+        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK"))
         terminalreporter.write_line(line, red=red)
