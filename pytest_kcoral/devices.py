@@ -34,16 +34,30 @@ class DeviceSpec:
     ``name`` is what torch and the harness use in this process ("cpu" or "cuda:<i>", ``i`` an index
     into the devices visible here). ``lock_key`` names the physical device host-wide (the GPU or MIG
     UUID when known), so sessions that see the GPUs in different orders still lock the same file for
-    the same GPU.
+    the same GPU. ``host_index`` is the GPU's number on the host (``nvidia-smi``'s index), the same
+    in every session whatever ``CUDA_VISIBLE_DEVICES`` says; None where it is not known (a MIG
+    instance, a GPU named by UUID without ``nvidia-smi``).
     """
 
     name: str
     lock_key: str
     label: str
+    host_index: int | None = None
 
     @property
     def is_cuda(self) -> bool:
         return self.name.startswith("cuda")
+
+    @property
+    def timing_slot(self) -> int | None:
+        """Which timing core this device's timing uses (``timing/pinning.py``): its host-wide
+        number, so that two sessions timing different GPUs never share a core; the index among the
+        visible devices where that number is unknown; None for the CPU."""
+        if not self.is_cuda:
+            return None
+        if self.host_index is not None:
+            return self.host_index
+        return int(self.name.partition(":")[2] or 0)
 
 
 @dataclass(frozen=True)
@@ -92,37 +106,39 @@ def map_visible_gpus(rows: Sequence[GpuRow], cuda_visible_devices: str | None) -
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and, on hosts with identical GPUs, with the default order too.
     """
     if cuda_visible_devices is None:
-        chosen_keys = [(row.uuid, row.name) for row in rows]
+        chosen = [(row.uuid, row.name, row.index) for row in rows]
     else:
-        chosen_keys = []
+        chosen = []
         for raw in cuda_visible_devices.split(","):
             entry = raw.strip()
             found = _match_entry(rows, entry)
-            if found is None or found[0] in (key for key, _ in chosen_keys):
+            if found is None or found[0] in (key for key, _, _ in chosen):
                 break
-            chosen_keys.append(found)
-    return [DeviceSpec(f"cuda:{i}", key, label) for i, (key, label) in enumerate(chosen_keys)]
+            chosen.append(found)
+    return [DeviceSpec(f"cuda:{i}", key, label, index) for i, (key, label, index) in enumerate(chosen)]
 
 
-def _match_entry(rows: Sequence[GpuRow], entry: str) -> tuple[str, str] | None:
-    """(lock key, label) for one ``CUDA_VISIBLE_DEVICES`` entry, or None when CUDA would stop."""
+def _match_entry(rows: Sequence[GpuRow], entry: str) -> tuple[str, str, int | None] | None:
+    """(lock key, label, host index) for one ``CUDA_VISIBLE_DEVICES`` entry, or None when CUDA
+    would stop."""
     if not entry:
         return None
     if re.fullmatch(r"\d+", entry):
         for row in rows:
             if row.index == int(entry):
-                return row.uuid, row.name
+                return row.uuid, row.name, row.index
         return None
     if entry.startswith("MIG-"):
         # MIG instances are not listed by --query-gpu; the instance itself is the locked device.
-        # The legacy form MIG-GPU-<uuid>/<gi>/<ci> names its parent GPU, which gives the label.
+        # The legacy form MIG-GPU-<uuid>/<gi>/<ci> names its parent GPU, which gives the label. Its
+        # host index stays unknown: instances of one GPU are leased apart and must not share a core.
         parent = entry[len("MIG-"):].split("/", 1)[0]
         names = [row.name for row in rows if parent.startswith("GPU-") and row.uuid.startswith(parent)]
-        return entry, f"{names[0]} MIG" if names else "MIG instance"
+        return entry, f"{names[0]} MIG" if names else "MIG instance", None
     if entry.startswith("GPU-"):
         matches = [row for row in rows if row.uuid.startswith(entry)]
         if len(matches) == 1:
-            return matches[0].uuid, matches[0].name
+            return matches[0].uuid, matches[0].name, matches[0].index
     return None
 
 
@@ -151,11 +167,10 @@ def fallback_torch_gpus(environ: Mapping[str, str] = os.environ) -> list[DeviceS
         return []
     # Physical indices when CUDA_VISIBLE_DEVICES names them, so sessions agree on the key.
     entries = [e.strip() for e in (cuda_visible_devices or "").split(",")][:count]
-    if cuda_visible_devices is not None and len(entries) == count and all(e.isdigit() for e in entries):
-        physical = [int(e) for e in entries]
-    else:
-        physical = list(range(count))
-    return [DeviceSpec(f"cuda:{i}", f"cuda-index-{physical[i]}", "CUDA GPU") for i in range(count)]
+    known = cuda_visible_devices is None or (len(entries) == count and all(e.isdigit() for e in entries))
+    physical = [int(e) for e in entries] if cuda_visible_devices is not None and known else list(range(count))
+    return [DeviceSpec(f"cuda:{i}", f"cuda-index-{physical[i]}", "CUDA GPU", physical[i] if known else None)
+            for i in range(count)]
 
 
 def _gpu_driver_present() -> bool:
@@ -184,6 +199,15 @@ def all_visible_devices(environ: Mapping[str, str] = os.environ) -> list[DeviceS
     rows = query_nvidia_smi()
     gpus = map_visible_gpus(rows, cvd) if rows is not None else fallback_torch_gpus(environ)
     return gpus or [cpu_device()]
+
+
+def host_timing_slots(selected: Sequence[DeviceSpec]) -> list[int]:
+    """The timing slots of every GPU on this host, not only the selected ones: each session keeps
+    the timing cores of all of them free, so that its compiles never land on a core another
+    session is timing on (``timing/pinning.py``)."""
+    rows = query_nvidia_smi() or []
+    slots = {row.index for row in rows} | {d.timing_slot for d in selected if d.timing_slot is not None}
+    return sorted(slots)
 
 
 def select_devices(visible: Sequence[DeviceSpec], devices_option: str | None) -> list[DeviceSpec]:

@@ -19,6 +19,7 @@ from pytest_kcoral import correctness, isolation, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
 from pytest_kcoral.diagnostics import Diagnostics
+from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.isolation import Child, ChildFailure
 from pytest_kcoral.options import Settings
 from pytest_kcoral.results import ItemResult, TimingStats, speedup_between
@@ -180,10 +181,7 @@ class LocalExecutor:
         with contextlib.ExitStack() as stack:
             try:
                 with timed_phase(result, "compile"):
-                    candidate = self._stage(
-                        "compile",
-                        lambda: stack.enter_context(Child("candidate", self._case_spec(case), self._child_env(), deadline, spec.candidate.name, self.sandbox)),
-                    )
+                    candidate = self._candidate_child(spec, stack, deadline)
                     self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             except StageFailed:
                 self._record_baseline_only(spec, result, tol)
@@ -214,12 +212,22 @@ class LocalExecutor:
             result.correct = True
             if self.settings.mode != "correctness":
                 with timed_phase(result, "timing"):
-                    self._time(spec, candidate, trusted, device, tol, result)
+                    self._time(spec, candidate, trusted, device, self._timing_cpu(lease), tol, result)
             if self.diagnostics and self.diagnostics.ncu:
                 deadline = self._diagnose(spec, ref, device, result, "ncu", candidate, deadline)
             # the last word: the child's audit runs once more, and a reply left over in the
             # channel (a forged one answered a command before the genuine one) shows here
             self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
+
+    def _candidate_child(self, spec: ItemSpec, stack: contextlib.ExitStack, deadline: float) -> Child:
+        """The candidate's fresh child, started and holding the case. Nothing of the candidate has
+        run yet (``load_candidate`` comes next): a failure here is the case's (one that crashes or
+        hangs at import in a child only), and the message says so."""
+        try:
+            return stack.enter_context(Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox))
+        except ChildFailure as failure:
+            self._skip_if_case_needs_cuda(failure)
+            raise StageFailed("compile", "the case itself failed (not the candidate): " + _describe_child_failure("compile", failure), failure.phase) from None
 
     def _diagnose(self, spec: ItemSpec, ref: ReferenceData, device: str, result: ItemResult, tool: str,
                   candidate: Child, deadline: float) -> float:
@@ -374,11 +382,12 @@ class LocalExecutor:
         if problems:
             raise StageFailed("correctness", _one_screen(problems), "correctness")
 
-    def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
+    def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, cpu: int | None,
+              tol: correctness.Tolerance, result: ItemResult) -> None:
         budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
         rounds = self.timing_rounds
         common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
-                      timer=self.settings.timer, cpu=self._timing_cpu(device))
+                      timer=self.settings.timer, cpu=cpu)
         # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
         # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
         # in one process, see docs/performance.md), and a drift then hits both sides alike. The
@@ -442,9 +451,11 @@ class LocalExecutor:
                     "timing",
                 )
 
-    def _timing_cpu(self, device: str) -> int | None:
-        """The core both sides' timing runs on (``timing/pinning.py``), or None."""
-        return pinning.choose(device, self.settings.timing_cpu)
+    def _timing_cpu(self, lease: Any) -> int | None:
+        """The core both sides' timing runs on (``timing/pinning.py``), or None: chosen by the
+        leased GPU's host-wide number, so sessions timing different GPUs never share a core."""
+        device = getattr(lease, "device", None)
+        return pinning.choose(device.timing_slot if isinstance(device, DeviceSpec) else None, self.settings.timing_cpu)
 
     def _check_floor(self, floor: dict | None, baseline: TimingStats | None, candidate: TimingStats | None, result: ItemResult) -> None:
         """No time below bytes / peak bandwidth (``physical_floor``), when the case declares ``cost``."""

@@ -175,10 +175,11 @@ def get_executor(config: pytest.Config) -> Any:
         device_kind = "cuda" if any(d.is_cuda for d in devices) else "cpu"
         settings = config.stash[settings_key]
         if device_kind == "cuda":
+            from pytest_kcoral.devices import host_timing_slots
             from pytest_kcoral.timing import pinning
 
             # before the template starts: it, and every child forked from it, stays off these cores
-            pinning.reserve([d.name for d in devices], settings.timing_cpu)
+            pinning.reserve(host_timing_slots(devices), settings.timing_cpu)
         sandbox = None
         if settings.sandbox:
             from pytest_kcoral import isolation

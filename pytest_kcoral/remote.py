@@ -79,11 +79,6 @@ class RemoteExecutor(LocalExecutor):
     # of its own: one timing round per side
     timing_rounds = 1
 
-    def _timing_cpu(self, device: str) -> int | None:
-        # a core of this host means nothing on the server, and the candidate's program is built
-        # without one: neither side is pinned
-        return None
-
     def __init__(self, settings: Settings, url: str) -> None:
         from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE
 
@@ -148,7 +143,9 @@ class RemoteExecutor(LocalExecutor):
         result.correct = True
         if self.settings.mode != "correctness":
             with timed_phase(result, "timing"):
-                self._time(spec, candidate, trusted, device, tol, result)
+                # no timing core: a core of this host means nothing on the server, and the
+                # candidate's program is built without one, so neither side is pinned
+                self._time(spec, candidate, trusted, device, None, tol, result)
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
 
     def _stage(self, stage: str, fn: Any) -> Any:

@@ -18,6 +18,7 @@ from pytest_kcoral.devices import (
     GpuRow,
     cpu_device,
     fallback_torch_gpus,
+    host_timing_slots,
     map_visible_gpus,
     parse_nvidia_smi,
     query_nvidia_smi,
@@ -94,6 +95,37 @@ def test_mig_instances_are_their_own_lock_keys() -> None:
     devices = map_visible_gpus(ROWS, f"{mig},{legacy}")
     assert keys(devices) == [mig, legacy]
     assert devices[1].label == "NVIDIA H200 MIG"
+
+
+def test_timing_slots_follow_the_physical_gpu_not_the_visible_index() -> None:
+    # two sessions, one on GPU 0 and one on GPU 1, each seeing its GPU as cuda:0: their timing must
+    # not land on one core, so the slot is the host's number for the GPU
+    (first,) = map_visible_gpus(ROWS, "0")
+    (second,) = map_visible_gpus(ROWS, "1")
+    assert first.name == second.name == "cuda:0"
+    assert (first.timing_slot, second.timing_slot) == (0, 1)
+    assert [d.timing_slot for d in map_visible_gpus(ROWS, f"2,{UUID0[:8]}")] == [2, 0]
+    assert [d.timing_slot for d in map_visible_gpus(ROWS, None)] == [0, 1, 2]
+    # --kcoral-devices picks among the visible devices and keeps the host's number
+    (picked,) = select_devices(map_visible_gpus(ROWS, "2,1"), "1")
+    assert (picked.name, picked.timing_slot) == ("cuda:1", 1)
+    # unknown host number (a MIG instance): the visible index, as before; the CPU has none
+    mig = map_visible_gpus(ROWS, "0,MIG-0c2f4a4e-7e1f-5b3c-9d2a-0123456789ab")
+    assert [(d.host_index, d.timing_slot) for d in mig] == [(0, 0), (None, 1)]
+    assert cpu_device().timing_slot is None
+
+
+def test_every_gpu_of_the_host_keeps_its_timing_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a session on GPU 1 keeps the timing cores of GPUs 0 and 2 free too: another session times there
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{NVIDIA_SMI_OUTPUT}EOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    selected = map_visible_gpus(ROWS, "1")
+    assert host_timing_slots(selected) == [0, 1, 2]
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no nvidia-smi: the selected GPUs' slots
+    assert host_timing_slots(selected) == [1]
+    assert host_timing_slots([cpu_device()]) == []
 
 
 def test_select_devices_by_index() -> None:

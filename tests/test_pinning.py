@@ -18,13 +18,12 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="ne
 def test_each_gpu_gets_its_own_core_counted_from_the_last():
     allowed = sorted(os.sched_getaffinity(0))
     picks = pinning.timing_cores(allowed)
-    assert pinning.choose("cuda:0") == allowed[-1] == picks[0]
-    assert pinning.choose("cuda") == allowed[-1]
+    assert pinning.choose(0) == allowed[-1] == picks[0]
     if len(picks) > 1:
-        assert pinning.choose("cuda:1") == picks[1]
+        assert pinning.choose(1) == picks[1]
         assert picks[1] not in pinning.siblings(picks[0])
     # more GPUs than physical cores wraps around rather than failing
-    assert pinning.choose(f"cuda:{len(picks)}") == allowed[-1]
+    assert pinning.choose(len(picks)) == allowed[-1]
 
 
 def test_two_gpus_never_time_on_one_physical_core():
@@ -63,8 +62,8 @@ def test_reserved_timing_core_is_left_to_the_timing_thread():
         thread = threading.Thread(target=lambda: (started.set(), stop.wait()))
         thread.start()  # a thread that existed before the reservation loses the core too
         started.wait()
-        reserved = pinning.reserve(["cuda:0"], "auto", min_left=1)
-        core = pinning.choose("cuda:0")
+        reserved = pinning.reserve([0], "auto", min_left=1)
+        core = pinning.choose(0)
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # a process started afterwards inherits the reservation
@@ -94,24 +93,24 @@ def test_nothing_reserved_when_too_few_cores_would_be_left_or_pinning_is_off():
         from pytest_kcoral.timing import pinning
 
         before = sorted(os.sched_getaffinity(0))
-        too_few = pinning.reserve(["cuda:0"], "auto", min_left={len(os.sched_getaffinity(0)) + 1})
-        off = pinning.reserve(["cuda:0"], "off", min_left=1)
-        cpu = pinning.reserve(["cpu"], "auto", min_left=1)
+        too_few = pinning.reserve([0], "auto", min_left={len(os.sched_getaffinity(0)) + 1})
+        off = pinning.reserve([0], "off", min_left=1)
+        cpu = pinning.reserve([None], "auto", min_left=1)
         print(json.dumps({{"reserved": [sorted(too_few), sorted(off), sorted(cpu)], "same": sorted(os.sched_getaffinity(0)) == before}}))
     """)
     assert out == {"reserved": [[], [], []], "same": True}
 
 
 def test_no_pinning_on_a_cpu_device_or_when_off():
-    assert pinning.choose("cpu") is None
-    assert pinning.choose("cuda:0", "off") is None
+    assert pinning.choose(None) is None
+    assert pinning.choose(0, "off") is None
 
 
 def test_an_explicit_core_must_be_ours():
     allowed = sorted(os.sched_getaffinity(0))
-    assert pinning.choose("cuda:0", str(allowed[0])) == allowed[0]
+    assert pinning.choose(0, str(allowed[0])) == allowed[0]
     with pytest.raises(ValueError, match="not one of this process's cores"):
-        pinning.choose("cuda:0", str(max(allowed) + 1000))
+        pinning.choose(0, str(max(allowed) + 1000))
 
 
 def test_pinned_runs_the_body_on_the_core_and_restores_the_affinity():

@@ -183,7 +183,30 @@ def reference(x):
     pytester.makeconftest(f"def pytest_collection_finish(session):\n    import os\n    os.remove({str(marker)!r})\n")
     result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "3")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*kcoral * failed*timed out in phase 'startup'*"])
+    result.stdout.fnmatch_lines(["*kcoral * failed in phase 'startup': the case itself failed (not the candidate): *timed out in phase 'startup'*"])
+
+
+def test_a_case_that_crashes_at_import_in_a_child_is_not_blamed_on_the_candidate(make_case, run_kcoral, pytester):
+    # importable in the pytest process, broken in every child: the candidate never got to run
+    case = """
+import multiprocessing, torch
+if multiprocessing.parent_process() is not None:
+    raise RuntimeError("this case needs a resource children lack")
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return x
+"""
+    make_case("cases/fragile", case, {"good": "def run(x):\n    return x\n"})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*kcoral compile failed in phase 'startup': the case itself failed (not the candidate): "
+        "CaseError: *case.py: importing it raised RuntimeError: this case needs a resource children lack*",
+    ])
 
 
 LOGGING_CASE = """

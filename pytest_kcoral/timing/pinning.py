@@ -5,8 +5,9 @@ speed inside its GPU span. On the H200 host, five fresh processes timing the sam
 softmax read 38-61 us (1.62x apart); pinned to one core, 39-51 us (1.32x), and the host time of a
 single launch tightened from 15-21 us to 16-18 us (``bench/process_noise.py``, docs/performance.md).
 The baseline and the candidate run in different processes, so both are pinned to the same core
-while they are timed; which core depends on the device, so workers on different GPUs do not share
-one. Only the timing thread is pinned (``sched_setaffinity`` of the calling thread), and the old
+while they are timed; which core depends on the GPU's host-wide number (``DeviceSpec.timing_slot``,
+not its index among the visible devices), so workers and sessions timing different GPUs never
+share one. Only the timing thread is pinned (``sched_setaffinity`` of the calling thread), and the old
 affinity is restored afterwards.
 
 Two more things keep the timing thread's core its own (``reserve``, called once per pytest process
@@ -14,8 +15,8 @@ before any child starts):
 
 - each GPU gets a core on a physical core of its own: a core that is an SMT sibling (hyperthread)
   of an earlier GPU's core is skipped, so two workers never time on one physical core;
-- the timing cores, and the siblings that share their physical cores, are taken out of the
-  affinity of the pytest process and so of every process it starts afterwards (the template and
+- the timing cores of every GPU on the host (also those this session does not use), and the
+  siblings that share their physical cores, are taken out of the affinity of the pytest process and so of every process it starts afterwards (the template and
   every child forked from it, their CUDA and compiler threads). Only a timing thread pins itself
   there. With two workers on the two-GPU H200 host, a launch-bound baseline read 15.2 us serially
   and 31.0 us in parallel, while nothing kept the other worker's compiles and comparisons off the
@@ -78,13 +79,14 @@ def _universe() -> list[int]:
     return sorted(_all_cores if _all_cores is not None else os.sched_getaffinity(0))
 
 
-def choose(device: str, setting: str = "auto") -> int | None:
-    """The core the timing stage of an item on ``device`` runs on, or None for no pinning.
+def choose(slot: int | None, setting: str = "auto") -> int | None:
+    """The core the timing stage of an item on the GPU with timing slot ``slot`` runs on
+    (``DeviceSpec.timing_slot``; None for the CPU), or None for no pinning.
 
-    ``setting``: "auto" (GPU ``i`` gets ``timing_cores(...)[i]``, wrapping around when there are
+    ``setting``: "auto" (slot ``i`` gets ``timing_cores(...)[i]``, wrapping around when there are
     more GPUs than physical cores), "off", or a core number.
     """
-    if setting == "off" or not device.startswith("cuda"):
+    if setting == "off" or slot is None:
         return None
     if not hasattr(os, "sched_getaffinity"):
         return None
@@ -94,20 +96,19 @@ def choose(device: str, setting: str = "auto") -> int | None:
         if core not in allowed:
             raise ValueError(f"--kcoral-timing-cpu {core}: not one of this process's cores {allowed}")
         return core
-    index = int(device.partition(":")[2] or 0)
     picks = timing_cores(allowed)
-    return picks[index % len(picks)]
+    return picks[slot % len(picks)]
 
 
-def reserve(devices: Iterable[str], setting: str = "auto", min_left: int = MIN_CORES_LEFT) -> frozenset[int]:
-    """Take the timing cores of ``devices``, with their SMT siblings, out of the affinity of every
+def reserve(slots: Iterable[int | None], setting: str = "auto", min_left: int = MIN_CORES_LEFT) -> frozenset[int]:
+    """Take the timing cores of ``slots``, with their SMT siblings, out of the affinity of every
     thread of this process (and so of every process started from now on); ``choose`` still picks
-    from the cores as they were. Returns the cores taken out: none when pinning is off, on a CPU,
-    or when fewer than ``min_left`` cores would be left for everything else."""
+    from the cores as they were. Returns the cores taken out: none when pinning is off, without
+    GPUs, or when fewer than ``min_left`` cores would be left for everything else."""
     global _all_cores
     if not hasattr(os, "sched_setaffinity"):
         return frozenset()
-    cores = {choose(device, setting) for device in devices} - {None}
+    cores = {choose(slot, setting) for slot in slots} - {None}
     if not cores:
         return frozenset()
     allowed = set(_universe())

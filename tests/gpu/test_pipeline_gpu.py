@@ -5,6 +5,7 @@ a subprocess, so its template process and its CUDA state are its own."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -37,8 +38,8 @@ def run(a, b):
 """
 
 
-def _grade(tmp_path: Path, candidates: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    return grade_in_subprocess(tmp_path, CASE, candidates, "--kcoral-timing-budget", "0.3", *args)
+def _grade(tmp_path: Path, candidates: dict[str, str], *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    return grade_in_subprocess(tmp_path, CASE, candidates, "--kcoral-timing-budget", "0.3", *args, env=env)
 
 
 def test_triton_candidate_graded_with_cupti(tmp_path):
@@ -118,3 +119,41 @@ def test_the_timing_core_is_kept_for_the_timing_thread(tmp_path):
     assert at_import and all(core not in cores for cores in at_import), (core, at_import)
     assert [core] in calls, "the timed calls run on the timing core"
     assert any(core not in cores for cores in calls), "the correctness calls run off it"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_sessions_on_different_gpus_time_on_different_cores(tmp_path):
+    # each session sees its GPU as cuda:0; the timing core follows the GPU's host-wide number
+    from pytest_kcoral.timing import pinning
+
+    picks = pinning.timing_cores(os.sched_getaffinity(0))
+    if len(picks) < 2:
+        pytest.skip("one physical core: both GPUs' timing shares it")
+    cores = []
+    for gpu in ("0", "1"):
+        proc, doc = _grade(tmp_path / f"gpu{gpu}", {"torch_add": "def run(a, b):\n    return a + b\n"}, "-m", "seen",
+                           env={"CUDA_VISIBLE_DEVICES": gpu, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        (item,) = doc["items"]
+        assert item["device"] == "cuda:0"
+        (flag,) = [f for f in item["candidate_timing"]["flags"] if f.startswith("timing_cpu=")]
+        cores.append(int(flag.partition("=")[2]))
+    assert cores == picks[:2], (cores, picks[:2])
+
+
+def test_a_gpu_timed_without_cupti_python_says_so(tmp_path):
+    # a GPU host without cupti-python: events time the items, and every report names the fallback
+    blocker = tmp_path / "no_cupti" / "cupti"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('cupti-python hidden for this test')\n")
+    path = os.pathsep.join(p for p in (str(blocker.parent), os.environ.get("PYTHONPATH", "")) if p)
+    proc, doc = _grade(tmp_path / "grade", {"torch_add": "def run(a, b):\n    return a + b\n"}, "-m", "seen",
+                       env={"PYTHONPATH": path})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    (item,) = doc["items"]
+    assert item["timer"] == "events" and item["baseline_timing"]["method"] == "events"
+    assert any("cupti-python hidden for this test" in f for f in item["candidate_timing"]["flags"])
+    assert doc["timers"]["methods"] == {"events": 1}
+    (reason,) = doc["timers"]["fallbacks"]
+    assert "cupti-python is not usable" in reason
+    assert "TIMER FALLBACK on 1 item: CUDA events, not CUPTI" in proc.stdout
