@@ -146,6 +146,10 @@ class _Runner:
             # CPU timing is single-threaded: OpenMP workers of one child spinning after its last
             # parallel region would steal the cores from the next child's timed calls
             torch.set_num_threads(1)
+        elif case_spec.get("cpu_threads"):
+            # this worker's share of the host's cores (``cpu_share``): pools as wide as the machine
+            # in every worker's processes fight over each core
+            torch.set_num_threads(int(case_spec["cpu_threads"]))
         self.role = role
         self.case = CaseRuntime(case_spec)
         self.device = self.case.device

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-from pytest_kcoral import correctness, isolation, static_report, timing
+from pytest_kcoral import correctness, cpu_share, isolation, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
 from pytest_kcoral.diagnostics import Diagnostics
@@ -102,8 +102,12 @@ def derive_seed(session_seed: int, *parts: Any) -> int:
 class LocalExecutor:
     timing_rounds = TIMING_ROUNDS
 
-    def __init__(self, settings: Settings, lease_factory: LeaseFactory, device_kind: str, sandbox: Any = None) -> None:
+    def __init__(self, settings: Settings, lease_factory: LeaseFactory, device_kind: str, sandbox: Any = None,
+                 cpu_threads: int | None = None) -> None:
         self.settings = settings
+        # torch CPU threads of this process and its children (``cpu_share``); None: torch's default
+        self.cpu_threads = cpu_threads
+        self._threads_limited = False
         self.sandbox = sandbox  # sandbox.Sandbox under --kcoral-sandbox: children run inside it
         self.lease_factory = lease_factory
         self.device_kind = device_kind  # "cpu" or "cuda": decides the child environment
@@ -133,6 +137,11 @@ class LocalExecutor:
             attempt=cand.attempt,
         )
         started = time.monotonic()
+        if self.cpu_threads is not None:
+            result.extra["cpu_threads"] = self.cpu_threads
+            if not self._threads_limited:  # here, not at start-up: torch is imported by now
+                cpu_share.limit(self.cpu_threads)
+                self._threads_limited = True
         result.suspicious = static_report.scan_file(cand.path)
         try:
             if shape.gpu_only and self.device_kind == "cpu":
@@ -164,6 +173,7 @@ class LocalExecutor:
             "device": "cpu",  # until the lease names the device
             "device_kind": self.device_kind,
             "init_seed": derive_seed(self.settings.seed, case.case_id, "init"),
+            "cpu_threads": self.cpu_threads,
         }
 
     def _child_env(self) -> dict[str, str]:

@@ -174,12 +174,15 @@ def get_executor(config: pytest.Config) -> Any:
         devices = get_devices(config)
         device_kind = "cuda" if any(d.is_cuda for d in devices) else "cpu"
         settings = config.stash[settings_key]
+        host_gpus = 0
         if device_kind == "cuda":
             from pytest_kcoral.devices import host_timing_slots
             from pytest_kcoral.timing import pinning
 
+            slots = host_timing_slots(devices)
+            host_gpus = len(slots)
             # before the template starts: it, and every child forked from it, stays off these cores
-            pinning.reserve(host_timing_slots(devices), settings.timing_cpu)
+            pinning.reserve(slots, settings.timing_cpu)
         sandbox = None
         if settings.sandbox:
             from pytest_kcoral import isolation
@@ -188,6 +191,8 @@ def get_executor(config: pytest.Config) -> Any:
             sandbox = Sandbox(readonly=[config.rootpath, *settings.submissions], gpu=device_kind == "cuda")
             config.add_cleanup(sandbox.close)
             config.add_cleanup(isolation.stop_template)  # runs first: the template lives in the sandbox
-        executor = LocalExecutor(settings, lease_factory(config), device_kind, sandbox)
+        from pytest_kcoral import cpu_share
+
+        executor = LocalExecutor(settings, lease_factory(config), device_kind, sandbox, cpu_threads=cpu_share.share(max(cpu_share.session_workers(config), host_gpus)))
         config.stash[executor_key] = executor
     return executor

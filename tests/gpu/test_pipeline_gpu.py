@@ -157,3 +157,21 @@ def test_a_gpu_timed_without_cupti_python_says_so(tmp_path):
     (reason,) = doc["timers"]["fallbacks"]
     assert "cupti-python is not usable" in reason
     assert "TIMER FALLBACK on 1 item: CUDA events, not CUPTI" in proc.stdout
+
+
+def test_the_candidates_torch_pool_is_its_share_of_the_cores(tmp_path):
+    # cpu_share: each process gets the host's cores divided among its GPUs (or workers), not all
+    log = tmp_path / "threads.log"
+    spy = f"""
+    import torch
+    def run(a, b):
+        with open({str(log)!r}, "a") as f:
+            f.write(f"{{torch.get_num_threads()}}\\n")
+        return a + b
+    """
+    proc, doc = _grade(tmp_path / "grade", {"spy": spy}, "-m", "seen")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    (item,) = doc["items"]
+    share = item["extra"]["cpu_threads"]
+    assert share <= len(os.sched_getaffinity(0)) // torch.cuda.device_count()
+    assert set(log.read_text().split()) == {str(share)}

@@ -1,0 +1,46 @@
+"""CPU threads per process: each process of the session gets a fair share of the host's cores.
+
+torch runs its CPU work (the output comparisons in the pytest process; copies and checks in the
+children) on an OpenMP pool as wide as the process's cores, and the pool's threads spin for a while
+after each parallel region. Two xdist workers with pools as wide as the machine fight over every
+core: on the two-GPU H200 host (30 cores left after the timing cores), every phase of the bundled
+cases grew with two workers, the summed lease hold by 15% (101.8 s serially, 117.2 s with two
+workers); with 4 threads per process it was 102.9 s (docs/performance.md, session 7).
+
+So the cores are divided among the processes that may run at once: the session's xdist workers,
+or the host's GPUs when there are more of them (other sessions may be grading on those). A serial
+run gets the same share as a parallel one, so the two time the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def threads_per_process(cores: int, processes: int) -> int:
+    """``cores`` divided among ``processes`` running at once, at least one thread each."""
+    return max(1, cores // max(1, processes))
+
+
+def session_workers(config: Any) -> int:
+    """The number of xdist workers of the session ``config`` belongs to (1 without xdist). Read
+    from the worker's config, not the environment: a session started inside an xdist worker (a
+    test of this plugin) inherits that worker's variables."""
+    workerinput = getattr(config, "workerinput", None)
+    return max(1, int(workerinput.get("workercount", 1))) if workerinput else 1
+
+
+def share(processes: int) -> int:
+    """This process's share of the cores it may run on (after ``pinning.reserve``), with
+    ``processes`` of the session's running at once."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return threads_per_process(cores, processes)
+
+
+def limit(threads: int) -> None:
+    """Size this process's torch CPU pool (intra-op threads) to ``threads``."""
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
