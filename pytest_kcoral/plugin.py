@@ -193,6 +193,8 @@ def get_executor(config: pytest.Config) -> Any:
             config.add_cleanup(isolation.stop_template)  # runs first: the template lives in the sandbox
         from pytest_kcoral import cpu_share
 
-        executor = LocalExecutor(settings, lease_factory(config), device_kind, sandbox, cpu_threads=cpu_share.share(max(cpu_share.session_workers(config), host_gpus)))
+        # the processes that may run at once: this session's workers, or one per GPU of the host
+        cpu_threads = cpu_share.share(max(cpu_share.session_workers(config), host_gpus))
+        executor = LocalExecutor(settings, lease_factory(config), device_kind, sandbox, cpu_threads=cpu_threads)
         config.stash[executor_key] = executor
     return executor
