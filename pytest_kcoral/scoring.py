@@ -112,6 +112,10 @@ class CandidateScore:
     bench_lite_weighted: float
     generalization_gap: float | None
     failed_stages: dict[str, int] = field(default_factory=dict)  # stage -> failed items
+    # items behind each mean speedup whose baseline or candidate was launch- or host-bound: the
+    # host's speed sets part of those speedups (``host_set``)
+    host_set_seen: int = 0
+    host_set_unseen: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -243,6 +247,16 @@ def _baseline_ok(item: ItemResult) -> bool:
     return item.baseline_correct is not False
 
 
+def host_set(item: ItemResult) -> bool:
+    """Whether the host's speed sets part of the item's speedup: its baseline or its candidate was
+    launch-bound (the GPU idle for most of the span, between launches) or timed by the host clock.
+    Such speedups moved by 10-70% between runs and between hosts (docs/performance.md)."""
+    for side in (item.baseline_timing or {}, item.candidate_timing or {}):
+        if side.get("host_bound") or any(f.startswith(("launch_bound", "host_bound")) for f in side.get("flags", [])):
+            return True
+    return False
+
+
 def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
     """Score the items of one (case, candidate) pair; None when all of them were skipped."""
     items = graded(items)
@@ -254,12 +268,11 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
     compiled = all(it.compiled for it in items)
     correct_seen = bool(seen) and all(it.correct is True for it in seen)
 
-    seen_speedups = [it.speedup for it in seen if it.correct is True and it.speedup is not None]
+    seen_timed = [it for it in seen if it.correct is True and it.speedup is not None]
+    seen_speedups = [it.speedup for it in seen_timed]
     timed_alike = bool(seen) and all(it.speedup is not None for it in seen)
-    unseen_speedups = [
-        it.speedup for it in unseen
-        if it.correct is True and _baseline_ok(it) and it.speedup is not None
-    ]
+    unseen_timed = [it for it in unseen if it.correct is True and _baseline_ok(it) and it.speedup is not None]
+    unseen_speedups = [it.speedup for it in unseen_timed]
     mean_seen = mean(seen_speedups)
     mean_unseen = mean(unseen_speedups)
     credited = mean_seen if (correct_seen and timed_alike) else None
@@ -289,6 +302,8 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
         bench_lite_weighted=bench_lite * tier_weight(first.tier),
         generalization_gap=generalization_gap(mean_seen, mean_unseen),
         failed_stages=dict(failed_stages),
+        host_set_seen=sum(1 for it in seen_timed if host_set(it)),
+        host_set_unseen=sum(1 for it in unseen_timed if host_set(it)),
     )
 
 

@@ -303,6 +303,27 @@ def test_a_fallback_from_cupti_is_named_in_every_report(tmp_path):
     assert not any(line.startswith("timed by") for line in terminal.summary_lines(scoring.score([item(candidate="x")])))
 
 
+def test_speedups_the_host_sets_are_marked(tmp_path):
+    launch_bound = "launch_bound: the GPU was busy 7.1 us of a 48.3 us span; the rest is launch gaps"
+    plain, gaps, by_host = item(shape_id="a", speedup=2.0), item(shape_id="b", speedup=1.0), item(candidate="y", speedup=3.0)
+    plain.candidate_timing = {"method": "cupti", "flags": ["l2_flush=read:120MiB"]}
+    gaps.baseline_timing = {"method": "cupti", "flags": [launch_bound]}
+    by_host.candidate_timing = {"method": "cupti", "host_bound": True, "flags": []}
+    assert [scoring.host_set(it) for it in (plain, gaps, by_host)] == [False, True, True]
+    scores = scoring.score([plain, gaps, by_host, item(candidate="z", speedup=1.2)])
+    assert {c.candidate: c.host_set_seen for c in scores.candidates} == {"triton_v1": 1, "y": 1, "z": 0}
+    LineMatcher(terminal.summary_lines(scores)).fnmatch_lines([
+        "cases/vector_add::triton_v1 * yes  yes  1.50x~ *",
+        "cases/vector_add::y * yes  yes  3.00x~ *",
+        "cases/vector_add::z * yes  yes   1.20x *",
+        "~ marks a mean speedup over items whose baseline or candidate was launch- or host-bound:*",
+    ])
+    markdown = step_summary.render_markdown(scores).splitlines()
+    LineMatcher(markdown).fnmatch_lines(["| `cases/vector_add` | `triton_v1` | yes | yes | 1.50x\\~ |*", "\\~ marks a mean speedup*"])
+    # no host-set item, no mark and no note
+    assert not any("~" in line for line in terminal.summary_lines(scoring.score([plain])))
+
+
 def test_terminal_never_prints_a_secret_seed():
     lines = terminal.summary_lines(scoring.score(fixed_items()), seed=987654321, seed_is_secret=True)
     assert not any("987654321" in line or line.startswith("seed") for line in lines)

@@ -12,6 +12,17 @@ def fmt_speedup(value: float | None) -> str:
     return f"{value:.2f}x" if value >= 0.01 else f"{value:.2g}x"
 
 
+HOST_SET_MARK = "~"
+HOST_SET_NOTE = ("~ marks a mean speedup over items whose baseline or candidate was launch- or host-bound:"
+                 " the host's speed sets part of it (see the items' flags)")
+
+
+def fmt_mean_speedup(value: float | None, host_set_items: int) -> str:
+    """A mean speedup, marked when the host's speed sets part of it."""
+    text = fmt_speedup(value)
+    return text + HOST_SET_MARK if value is not None and host_set_items else text
+
+
 def fmt_pct(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value * 100:.{digits}f}%"
 

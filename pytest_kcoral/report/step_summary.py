@@ -6,7 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pytest_kcoral.report import fmt_bool, fmt_pct, fmt_score, fmt_speedup, fmt_unseen
+from pytest_kcoral.report import (
+    HOST_SET_MARK,
+    HOST_SET_NOTE,
+    fmt_bool,
+    fmt_mean_speedup,
+    fmt_pct,
+    fmt_score,
+    fmt_speedup,
+    fmt_unseen,
+)
 from pytest_kcoral.report.compare import CompareResult
 from pytest_kcoral.scoring import Scores
 
@@ -15,6 +24,14 @@ ENV_VAR = "GITHUB_STEP_SUMMARY"
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+def _escape_mark(text: str) -> str:
+    return text.replace(HOST_SET_MARK, "\\" + HOST_SET_MARK)  # a bare ~ can strike text through
+
+
+def _marked(value: float | None, host_set_items: int) -> str:
+    return _escape_mark(fmt_mean_speedup(value, host_set_items))
 
 
 def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareResult | None = None) -> str:
@@ -31,10 +48,12 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     for c in scores.candidates:
         out.append("| " + " | ".join(_cell(x) for x in (
             f"`{c.case}`", f"`{c.candidate}`", fmt_bool(c.compiled), fmt_bool(c.correct_seen),
-            fmt_speedup(c.mean_speedup_seen), fmt_unseen(c.correct_unseen),
-            fmt_speedup(c.mean_speedup_unseen), fmt_pct(c.generalization_gap),
+            _marked(c.mean_speedup_seen, c.host_set_seen), fmt_unseen(c.correct_unseen),
+            _marked(c.mean_speedup_unseen, c.host_set_unseen), fmt_pct(c.generalization_gap),
             fmt_score(c.aka_score), fmt_score(c.bench_lite),
         )) + " |")
+    if any(c.host_set_seen or c.host_set_unseen for c in scores.candidates):
+        out += ["", _escape_mark(HOST_SET_NOTE)]
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     out += [
         "",

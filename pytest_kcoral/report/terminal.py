@@ -11,7 +11,16 @@ from typing import Sequence
 
 import pytest
 
-from pytest_kcoral.report import fmt_bool, fmt_pct, fmt_score, fmt_speedup, fmt_unseen, pair_name
+from pytest_kcoral.report import (
+    HOST_SET_NOTE,
+    fmt_bool,
+    fmt_mean_speedup,
+    fmt_pct,
+    fmt_score,
+    fmt_speedup,
+    fmt_unseen,
+    pair_name,
+)
 from pytest_kcoral.report.compare import CompareResult
 from pytest_kcoral.scoring import Scores, TimerUse
 
@@ -39,13 +48,15 @@ def table_lines(scores: Scores) -> list[str]:
         lines.append(_row(pair_name(c.case, c.candidate), [
             fmt_bool(c.compiled),
             fmt_bool(c.correct_seen),
-            fmt_speedup(c.mean_speedup_seen),
+            fmt_mean_speedup(c.mean_speedup_seen, c.host_set_seen),
             fmt_unseen(c.correct_unseen),
-            fmt_speedup(c.mean_speedup_unseen),
+            fmt_mean_speedup(c.mean_speedup_unseen, c.host_set_unseen),
             fmt_pct(c.generalization_gap),
             fmt_score(c.aka_score),
             fmt_score(c.bench_lite),
         ]))
+    if any(c.host_set_seen or c.host_set_unseen for c in scores.candidates):
+        lines.append(HOST_SET_NOTE)
     return lines
 
 
