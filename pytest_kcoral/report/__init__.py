@@ -13,8 +13,8 @@ def fmt_speedup(value: float | None) -> str:
 
 
 HOST_SET_MARK = "~"
-HOST_SET_NOTE = ("~ marks a mean speedup over items whose baseline or candidate was launch- or host-bound:"
-                 " the host's speed sets part of it (see the items' flags)")
+# fits the 100-column terminal table
+HOST_SET_NOTE = "~ launch- or host-bound items behind this mean: the host's speed sets part of it"
 
 
 def fmt_mean_speedup(value: float | None, host_set_items: int) -> str:
