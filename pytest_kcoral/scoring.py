@@ -249,8 +249,9 @@ def _baseline_ok(item: ItemResult) -> bool:
 
 def host_set(item: ItemResult) -> bool:
     """Whether the host's speed sets part of the item's speedup: its baseline or its candidate was
-    launch-bound (the GPU idle for most of the span, between launches) or timed by the host clock.
-    Such speedups moved by 10-70% between runs and between hosts (docs/performance.md)."""
+    launch-bound (the GPU busy for under half its span, the rest launch gaps) or timed by the host
+    clock. Such speedups moved by tens of percent between runs and between hosts
+    (docs/performance.md)."""
     for side in (item.baseline_timing or {}, item.candidate_timing or {}):
         if side.get("host_bound") or any(f.startswith(("launch_bound", "host_bound")) for f in side.get("flags", [])):
             return True
