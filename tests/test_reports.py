@@ -310,17 +310,22 @@ def test_speedups_the_host_sets_are_marked(tmp_path):
     gaps.baseline_timing = {"method": "cupti", "flags": [launch_bound]}
     by_host.candidate_timing = {"method": "cupti", "host_bound": True, "flags": []}
     assert [scoring.host_set(it) for it in (plain, gaps, by_host)] == [False, True, True]
+    # two kernels with 20 us of host work between them in an 84 us span; one kernel, 1% idle
+    two_kernels, one_kernel = item(speedup=1.0), item(speedup=1.0)
+    two_kernels.candidate_timing = {"method": "cupti", "median_us": 84.0, "busy_us": 64.0, "flags": []}
+    one_kernel.candidate_timing = {"method": "cupti", "median_us": 84.0, "busy_us": 83.2, "flags": []}
+    assert [scoring.host_set(two_kernels), scoring.host_set(one_kernel)] == [True, False]
     scores = scoring.score([plain, gaps, by_host, item(candidate="z", speedup=1.2)])
     assert {c.candidate: c.host_set_seen for c in scores.candidates} == {"triton_v1": 1, "y": 1, "z": 0}
     LineMatcher(terminal.summary_lines(scores)).fnmatch_lines([
         "cases/vector_add::triton_v1 * yes  yes  1.50x~ *",
         "cases/vector_add::y * yes  yes  3.00x~ *",
         "cases/vector_add::z * yes  yes   1.20x *",
-        "~ launch- or host-bound items behind this mean: the host's speed sets part of it",
+        "~ the host's speed sets part of this mean: the GPU idled between launches for 5%+ of a span",
     ])
     assert max(len(line) for line in terminal.summary_lines(scores)) <= 100
     markdown = step_summary.render_markdown(scores).splitlines()
-    LineMatcher(markdown).fnmatch_lines(["| `cases/vector_add` | `triton_v1` | yes | yes | 1.50x\\~ |*", "\\~ launch- or host-bound items behind this mean*"])
+    LineMatcher(markdown).fnmatch_lines(["| `cases/vector_add` | `triton_v1` | yes | yes | 1.50x\\~ |*", "\\~ the host's speed sets part of this mean*"])
     # no host-set item, no mark and no note
     assert not any("~" in line for line in terminal.summary_lines(scoring.score([plain])))
 

@@ -14,7 +14,7 @@ def fmt_speedup(value: float | None) -> str:
 
 HOST_SET_MARK = "~"
 # fits the 100-column terminal table
-HOST_SET_NOTE = "~ launch- or host-bound items behind this mean: the host's speed sets part of it"
+HOST_SET_NOTE = "~ the host's speed sets part of this mean: the GPU idled between launches for 5%+ of a span"
 
 
 def fmt_mean_speedup(value: float | None, host_set_items: int) -> str:
