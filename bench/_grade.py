@@ -27,6 +27,15 @@ def graded_items(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [item for item in doc["items"] if item["outcome"] != "skipped"]
 
 
+def host_set(item: dict[str, Any]) -> bool:
+    """Whether the summary marks the item's speedup ``~`` (the host's speed sets part of it:
+    ``scoring.host_set``), read from the item's JSON."""
+    from pytest_kcoral.results import ItemResult
+    from pytest_kcoral.scoring import host_set as scored_host_set
+
+    return scored_host_set(ItemResult.from_dict(item))
+
+
 def lease_overlaps(doc: dict[str, Any]) -> int:
     """Pairs of GPU-stage leases on one device that overlap in time (must be 0)."""
     by_device: dict[str, list[tuple[float, float]]] = {}

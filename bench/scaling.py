@@ -9,9 +9,9 @@ artifact; must be 0). Targets (issue 4): >= 1.8x items per second with two GPUs;
 
 Repeat the first worker count (``1,1,...``): the second serial run's speedup changes are the timing
 noise between two runs with nothing else changed, the floor against which the parallel runs' are
-read. Changes are also given for items whose baseline takes 20 us or more, and for items where
-neither side is launch-bound or host-bound (in the first run): the host's launch speed moves the
-others between any two runs. Each run's rows print as soon as it ends, so a run cut short keeps its figures.
+read. Changes are also given for items whose baseline takes 20 us or more, and for the items
+the summary leaves unmarked (not ``~``, in the first run: ``scoring.host_set``): the host's launch
+speed moves the others between any two runs. Each run's rows print as soon as it ends, so a run cut short keeps its figures.
 """
 
 from __future__ import annotations
@@ -23,15 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _grade import grade, graded_items, lease_overlaps
+from _grade import grade, graded_items, host_set, lease_overlaps
 
 LONG_US = 20.0  # baselines at least this long are GPU-bound in the bundled cases (docs/performance.md)
-
-
-def _host_sensitive(item: dict[str, Any]) -> bool:
-    """Either side launch-bound (GPU busy under half its span) or timed by the host clock."""
-    sides = [item.get("baseline_timing") or {}, item.get("candidate_timing") or {}]
-    return any(s.get("host_bound") or any(f.startswith("launch_bound") for f in s.get("flags", [])) for s in sides)
 
 
 def _changes(items: list[dict[str, Any]], base: dict[str, dict[str, Any]], only: str = "") -> list[float]:
@@ -42,7 +36,7 @@ def _changes(items: list[dict[str, Any]], base: dict[str, dict[str, Any]], only:
             continue
         if only == "long" and (ref.get("t_baseline_us") or 0.0) < LONG_US:
             continue
-        if only == "gpu" and _host_sensitive(ref):
+        if only == "gpu" and host_set(ref):
             continue
         out.append(abs(i["speedup"] / ref["speedup"] - 1))
     return out
@@ -69,7 +63,7 @@ def main() -> None:
 
     print(f"timing budget {args.budget} s; seed {args.seed}; grading {' '.join(args.cases)}; speedup changes against the first run\n")
     print("| run | workers | items | wall s | items/s | vs first | median speedup change | within 2% | max change "
-          f"| same, baseline >= {LONG_US:g} us: median / within 2% / max | same, neither side launch- or host-bound "
+          f"| same, baseline >= {LONG_US:g} us: median / within 2% / max | same, unmarked (not ~) "
           "| lease overlaps | devices |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base_rate = 0.0
