@@ -1,0 +1,36 @@
+"""The benchmarks that measure issues 4 and 7 are run on a GPU host; here each runs once on the
+CPU, on one small case (``vector_add``: 2 seen shapes on a CPU), so a change to the grader's JSON
+or to the code they share cannot break them unnoticed before the next GPU session."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(script: str, *args: str) -> str:
+    # on the CPU also on a GPU host, so the counts below hold everywhere
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_scaling_bench_reports_each_run_and_no_lease_overlap(tmp_path):
+    out = _bench("scaling.py", "--workers", "1,2", "--budget", "0.02", "--out", str(tmp_path), "--", "cases/vector_add", "-m", "seen")
+    rows = [line.split("|") for line in out.splitlines() if re.match(r"\| [12] \| [12] \| 6 \|", line)]
+    assert len(rows) == 2, out  # one row per run, each of the 6 seen items graded
+    assert [row[-3].strip() for row in rows] == ["0", "0"], "lease overlaps"
+    assert rows[0][6].strip() == "1.00x" and rows[1][6].strip().endswith("x")  # items/s against the first run
+
+
+def test_self_speedup_bench_grades_the_baseline_against_itself(tmp_path):
+    out = _bench("self_speedup.py", "--budget", "0.02", "--out", str(tmp_path), "--", "-m", "seen", "-k", "self and vector_add")
+    assert re.search(r"^2 items graded in \d+ s; 2 speedups; failed: none$", out, re.M), out
+    assert "| baseline < 20 us |" in out
