@@ -11,6 +11,7 @@ from pytest_kcoral.candidates import Candidate, find_candidates
 from pytest_kcoral.cases import Case, CaseError, Shape, load_case
 from pytest_kcoral.pipeline import ItemSpec
 from pytest_kcoral.results import ItemResult
+from pytest_kcoral.scoring import host_set
 
 result_key = pytest.StashKey[ItemResult]()
 
@@ -89,6 +90,8 @@ def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
         value = getattr(result, name)
         if value is not None:
             props.append((f"kcoral_{name}", round(value, 4) if isinstance(value, float) else value))
+    if result.speedup is not None:
+        props.append(("kcoral_host_set", host_set(result)))  # the summary's ~: the host sets part of it
     if result.baseline_correct is not None:
         props.append(("kcoral_baseline_correct", result.baseline_correct))
     if result.suspicious:

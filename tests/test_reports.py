@@ -326,6 +326,8 @@ def test_speedups_the_host_sets_are_marked(tmp_path):
     assert max(len(line) for line in terminal.summary_lines(scores)) <= 100
     markdown = step_summary.render_markdown(scores).splitlines()
     LineMatcher(markdown).fnmatch_lines(["| `cases/vector_add` | `triton_v1` | yes | yes | 1.50x\\~ |*", "\\~ the host's speed sets part of this mean*"])
+    doc = json_artifact.build_document([plain, gaps, item(candidate="untimed")], scores, settings=settings(tmp_path))
+    assert [i.get("host_set") for i in doc["items"]] == [False, True, None]  # only beside a speedup
     # no host-set item, no mark and no note
     assert not any("~" in line for line in terminal.summary_lines(scoring.score([plain])))
 

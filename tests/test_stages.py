@@ -94,6 +94,7 @@ def test_triton_candidate_passes_all_stages_with_timing_properties(make_case, ru
         assert t_base > 0 and t_cand > 0
         assert abs(float(item["kcoral_speedup"]) - t_base / t_cand) <= 1e-3 * t_base / t_cand + 1e-4
         assert item["kcoral_device"] == "cpu"
+        assert item["kcoral_host_set"] == "False"  # the wall clock on a CPU times the work itself
 
 
 def test_correctness_mode_stops_before_timing(make_case, run_kcoral, pytester):

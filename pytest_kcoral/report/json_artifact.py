@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from pytest_kcoral.options import Settings
 from pytest_kcoral.report.compare import CompareResult
 from pytest_kcoral.results import ItemResult
-from pytest_kcoral.scoring import Scores
+from pytest_kcoral.scoring import Scores, host_set
 
 SCHEMA = "pytest-kcoral/1"
 
@@ -70,7 +70,7 @@ def build_document(
         "environment": environment or {},
         "seed": settings.seed if settings is not None else None,
         "seed_is_secret": settings.seed_is_secret if settings is not None else None,
-        "items": [it.to_dict() for it in sorted(items, key=lambda it: it.nodeid)],
+        "items": [_item_dict(it) for it in sorted(items, key=lambda it: it.nodeid)],
         "candidates": [c.to_dict() for c in scores.candidates],
         "cases": [c.to_dict() for c in scores.cases],
         "suite": scores.suite.to_dict(),
@@ -82,6 +82,13 @@ def build_document(
         "compare": compare.to_dict() if compare is not None else None,
     }
     return _jsonable(doc)
+
+
+def _item_dict(item: ItemResult) -> dict[str, Any]:
+    d = item.to_dict()
+    if item.speedup is not None:
+        d["host_set"] = host_set(item)  # derived, for readers: the summary's ~ mark
+    return d
 
 
 def _umask() -> int:
