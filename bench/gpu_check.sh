@@ -13,12 +13,8 @@ out=${1:-/tmp/kcoral-gpu-check}
 shift || true
 parts=${*:-tests noise self}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1
+# shellcheck source=bench/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"  # for this script only: a later command of the same device call sources it itself
 nvidia-smi -L | tee "$out/machine.log"
 {   # what the timing depends on besides the GPUs: SMT layout, the timing cores, transparent huge pages
     lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))"

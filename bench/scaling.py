@@ -64,11 +64,12 @@ def main() -> None:
     print(f"timing budget {args.budget} s; seed {args.seed}; grading {' '.join(args.cases)}; speedup changes against the first run\n")
     print("| run | workers | items | wall s | items/s | vs first | median speedup change | within 2% | max change "
           f"| same, baseline >= {LONG_US:g} us: median / within 2% / max | same, unmarked (not ~) "
-          "| lease overlaps | devices |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| lease overlaps | devices | timed by |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base_rate = 0.0
     base: dict[str, dict[str, Any]] = {}
     phase_rows = []
+    fallbacks = []  # a run not timed by CUPTI on a GPU measures something else: say so below
     for k, n in enumerate(int(w) for w in args.workers.split(",")):
         json_path = out / f"scaling_{k}_n{n}.json"
         started = time.time()  # the lease history's clock
@@ -82,8 +83,12 @@ def main() -> None:
         print(f"| {k + 1} | {n} | {len(items)} | {wall_s:.1f} | {rate:.2f} | {rate / base_rate:.2f}x | "
               f"{_describe(_changes(items, base))} | {_describe(_changes(items, base, 'long'), ' / ')} | "
               f"{_describe(_changes(items, base, 'gpu'), ' / ')} | "
-              f"{lease_overlaps(doc)} | {devices} |", flush=True)
+              f"{lease_overlaps(doc)} | {devices} | {_timed_by(doc)} |", flush=True)
+        fallbacks += [f"TIMER FALLBACK in run {k + 1} on {count} items: {why}" for why, count in doc.get("timers", {}).get("fallbacks", {}).items()]
         phase_rows.append((k, n, items, _lease_window(doc, started, started + wall_s)))
+
+    if fallbacks:
+        print("\n" + "\n".join(fallbacks))
 
     # where the time went: summed per phase over all items (seconds), lease hold and wait beside it;
     # a phase that grows with the worker count is contended (CPU, memory bandwidth, the GPU)
@@ -99,6 +104,12 @@ def main() -> None:
         print(f"| {k + 1} | {n} | " + " | ".join(f"{v:.1f}" for v in sums) + f" | {held:.1f} | {wait:.1f} | "
               + " | ".join(f"{v:.1f}" for v in window) + " |")
     print(f"\nartifacts in {out}")
+
+
+def _timed_by(doc: dict[str, Any]) -> str:
+    """Items per timing method, from the artifact's ``timers``: ``cupti 49``."""
+    methods = doc.get("timers", {}).get("methods", {})
+    return ", ".join(f"{method} {n}" for method, n in methods.items()) or "-"
 
 
 def _lease_window(doc: dict[str, Any], started: float, ended: float) -> tuple[float, float, float]:

@@ -26,7 +26,9 @@ def test_scaling_bench_reports_each_run_and_no_lease_overlap(tmp_path):
     out = _bench("scaling.py", "--workers", "1,2", "--budget", "0.02", "--out", str(tmp_path), "--", "cases/vector_add", "-m", "seen")
     rows = [line.split("|") for line in out.splitlines() if re.match(r"\| [12] \| [12] \| 6 \|", line)]
     assert len(rows) == 2, out  # one row per run, each of the 6 seen items graded
-    assert [row[-3].strip() for row in rows] == ["0", "0"], "lease overlaps"
+    assert [row[-4].strip() for row in rows] == ["0", "0"], "lease overlaps"
+    assert [row[-2].strip() for row in rows] == ["wall 6", "wall 6"], "timed by"
+    assert "TIMER FALLBACK" not in out
     assert rows[0][6].strip() == "1.00x" and rows[1][6].strip().endswith("x")  # items/s against the first run
 
 
