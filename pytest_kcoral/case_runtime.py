@@ -140,8 +140,10 @@ class CandidateRuntime:
             self.entry = "prepare"
         elif callable(getattr(self.module, "run", None)):
             self.entry = "run"
+        elif callable(getattr(self.module, "custom_kernel", None)):
+            self.entry = "custom_kernel"  # a GPU MODE submission
         else:
-            raise CandidateError(f"{self.path}: defines neither run(*inputs) nor prepare(*inputs)")
+            raise CandidateError(f"{self.path}: defines none of run(*inputs), prepare(*inputs) or custom_kernel(data)")
 
     def bind(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
         if self.entry == "ModelNew":
@@ -151,5 +153,11 @@ class CandidateRuntime:
             if not callable(fn):
                 raise CandidateError(f"{self.path}: prepare() returned a {type(fn).__name__}, not a callable")
             return fn
+        if self.entry == "custom_kernel":
+            # GPU MODE passes what its generate_input returned: the tensor itself for one input,
+            # the tuple for several
+            data = args[0] if len(args) == 1 else args
+            kernel = self.module.custom_kernel
+            return lambda: kernel(data)
         run = self.module.run
         return lambda: run(*args)

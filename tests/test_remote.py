@@ -151,6 +151,11 @@ def test_remote_case_imports_the_modules_beside_it(make_case, run_kcoral, kcoral
     run_kcoral("--kcoral-url", kcoral_url, "--kcoral-mode", "correctness").assert_outcomes(passed=1)
 
 
+def test_remote_runs_a_gpu_mode_submission(make_case, run_kcoral, kcoral_url):
+    make_case("cases/add", candidates={"gm": "def custom_kernel(data):\n    a, b = data\n    return a + b\n"})
+    run_kcoral("--kcoral-url", kcoral_url, "-m", "seen").assert_outcomes(passed=1, deselected=1)
+
+
 def test_remote_wrong_candidate_fails_correctness_with_the_local_message(make_case, run_kcoral, pytester, kcoral_url):
     make_case("cases/add", candidates={"wrong": WRONG})
     common = ("-m", "seen", "--kcoral-mode", "correctness", "--kcoral-seed", "7")

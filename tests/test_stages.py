@@ -257,3 +257,32 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     # correctness (baseline for the reference data, then the candidate), then four rounds a side
     # ordered B C C B B C C B: runs of one side merge, so timing ends in B C B C B
     assert runs[-5:] == ["B", "C", "B", "C", "B"], runs
+
+
+RELU_CASE = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return torch.relu(x)
+"""
+
+
+def test_a_gpu_mode_submission_gets_its_inputs_as_one_object(make_case, run_kcoral):
+    # GPU MODE's custom_kernel(data): the tuple for several inputs, the tensor itself for one
+    make_case("cases/relu", RELU_CASE, {"gm": "def custom_kernel(data):\n    return data.clamp_min(0)\n"})
+    make_case("cases/add", candidates={
+        "gm": "from task import input_t\n\ndef custom_kernel(data: input_t):\n    a, b = data\n    return a + b\n",
+        "gm_wrong": "def custom_kernel(data):\n    a, b = data\n    return a - b\n",
+        "nothing": "def kernel(a, b):\n    return a + b\n",
+    }, files={"task.py": "import torch\ninput_t = tuple[torch.Tensor, torch.Tensor]\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(passed=2, failed=2, deselected=3)
+    result.stdout.fnmatch_lines_random([
+        "*cases/add::gm_wrong?seen-n=* - kcoral correctness failed*",
+        "*cases/add::nothing?seen-n=* - kcoral compile failed*",
+    ])
+    result.stdout.fnmatch_lines(["*nothing.py: defines none of run(?inputs), prepare(?inputs) or custom_kernel(data)*"])
