@@ -124,6 +124,9 @@ def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(mod_name, None)
+        if exc.filename and Path(exc.filename).resolve() != path.resolve():
+            # in a module the case imports (a helper beside it): name that file, not the case's line
+            raise CaseError(path, f"importing it raised SyntaxError in {exc.filename} at line {exc.lineno}: {exc.msg}") from None
         raise CaseError(path, f"syntax error at line {exc.lineno}: {exc.msg}") from None
     except Exception as exc:
         sys.modules.pop(mod_name, None)

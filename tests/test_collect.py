@@ -244,3 +244,53 @@ def test_items_are_selected_by_the_ids_the_plugin_prints(pytester, make_case, ru
     result = run_kcoral("cases/add::b", "cases/other", "--kcoral-mode", "correctness", "-n", "2")
     assert result.parseoutcomes()["passed"] == 4  # (xdist does not report workers' deselections)
     assert result.ret == 0
+
+
+# A GPU MODE problem's own files (generate_input draws from a generator seeded by its argument),
+# and the case.py that README's recipe puts beside them.
+GPU_MODE_REFERENCE = """
+import torch
+from task import input_t, output_t
+
+def generate_input(size: int, seed: int) -> input_t:
+    with open(__SEEDS__, "a") as f:
+        f.write(f"{seed}\\n")
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return torch.randn(size, generator=gen), torch.randn(size, generator=gen)
+
+def ref_kernel(data: input_t) -> output_t:
+    a, b = data
+    return a + b
+"""
+GPU_MODE_TASK = "import torch\ninput_t = tuple[torch.Tensor, torch.Tensor]\noutput_t = torch.Tensor\n"
+GPU_MODE_CASE = """
+import torch
+from reference import generate_input, ref_kernel
+
+SEEN = [{"size": 127}, {"size": 1024}]
+
+def make_inputs(shape, device):
+    return generate_input(**shape, seed=torch.initial_seed())
+
+def reference(*inputs):
+    return ref_kernel(inputs[0] if len(inputs) == 1 else inputs)
+"""
+
+
+def test_a_gpu_mode_problem_runs_through_the_readme_recipe(make_case, run_kcoral, pytester):
+    seeds = pytester.path / "seeds.log"
+    make_case("cases/vectoradd", GPU_MODE_CASE, {
+        "submission": "from task import input_t, output_t\n\ndef custom_kernel(data: input_t) -> output_t:\n    a, b = data\n    return a + b\n",
+    }, files={"reference.py": GPU_MODE_REFERENCE.replace("__SEEDS__", repr(str(seeds))), "task.py": GPU_MODE_TASK})
+    run_kcoral("--kcoral-trials", "3").assert_outcomes(passed=2)
+    drawn = seeds.read_text().split()
+    # each input set the harness made got a seed of its own (a timed set's seed comes back once
+    # more, when its reference is computed to verify that call's output)
+    assert len(drawn) >= 6 and len(set(drawn)) >= 0.9 * len(drawn), drawn
+
+
+def test_a_syntax_error_in_a_helper_names_the_helper(make_case, run_kcoral):
+    make_case("cases/add", "from utils import add\nSEEN = [{'n': 4}]\n", files={"utils.py": "def add(a, b)\n    return a + b\n"})
+    result = run_kcoral()
+    result.stdout.fnmatch_lines(["*cases/add/case.py: importing it raised SyntaxError in *cases/add/utils.py at line 1: *"])
