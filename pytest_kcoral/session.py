@@ -125,7 +125,7 @@ class KcoralSession:
             or session.shouldfail
         )
         scores = self.build_scores()
-        _add_junit_suite_properties(session.config, scores.suite)
+        _add_junit_suite_properties(session.config, scores.suite, scores.timers)
         if self._saved_run is not None:
             self.compare_result = compare_mod.compare_runs(
                 self._saved_run, scores.candidates, self._compare_threshold, self._compare_path)
@@ -178,7 +178,7 @@ class KcoralSession:
         terminal.write_summary(terminalreporter, lines)
 
 
-def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore) -> None:
+def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore, timers: scoring.TimerUse) -> None:
     """Suite-level figures as ``<testsuite>`` properties of ``--junitxml``, when it is on.
 
     pytest's public way (the ``record_testsuite_property`` fixture) runs before the items do, so
@@ -199,6 +199,9 @@ def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore
         "kcoral_conditional_correctness": suite.conditional_correctness,
         "kcoral_bench_lite_total": suite.bench_lite_total,
         **{f"kcoral_fast_{p}": v for p, v in suite.fast_p.items()},
+        # how the items were timed, and how many fell back from CUPTI (the summary's TIMER FALLBACK)
+        "kcoral_timed_by": ", ".join(f"{m} {n}" for m, n in timers.methods.items()) or None,
+        "kcoral_timer_fallbacks": sum(timers.fallbacks.values()),
     }
     for name, value in figures.items():
         if value is not None:

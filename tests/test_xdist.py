@@ -61,6 +61,8 @@ def test_json_junit_and_table_agree_under_xdist(make_case, run_kcoral, pytester)
         # suite figures in the JUnit file are the JSON's
         assert float(suite_props["kcoral_correctness_rate"]) == round(doc["suite"]["correctness_rate"], 6)
         assert int(suite_props["kcoral_pairs"]) == doc["suite"]["pairs"] == 3
+        assert suite_props["kcoral_timed_by"] == ", ".join(f"{m} {n}" for m, n in doc["timers"]["methods"].items())
+        assert suite_props["kcoral_timer_fallbacks"] == "0"
         # the terminal table shows each pair as the JSON scores it
         for cand in doc["candidates"]:
             unseen = cand["correct_unseen"]
