@@ -108,8 +108,9 @@ def main() -> None:
 
 def _timed_by(doc: dict[str, Any]) -> str:
     """Items per timing method, from the artifact's ``timers``: ``cupti 49``."""
-    methods = doc.get("timers", {}).get("methods", {})
-    return ", ".join(f"{method} {n}" for method, n in methods.items()) or "-"
+    from pytest_kcoral.report import fmt_methods
+
+    return fmt_methods(doc.get("timers", {}).get("methods", {})) or "-"
 
 
 def _lease_window(doc: dict[str, Any], started: float, ended: float) -> tuple[float, float, float]:

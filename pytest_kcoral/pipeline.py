@@ -107,7 +107,6 @@ class LocalExecutor:
         self.settings = settings
         # torch CPU threads of this process and its children (``cpu_share``); None: torch's default
         self.cpu_threads = cpu_threads
-        self._threads_limited = False
         self.sandbox = sandbox  # sandbox.Sandbox under --kcoral-sandbox: children run inside it
         self.lease_factory = lease_factory
         self.device_kind = device_kind  # "cpu" or "cuda": decides the child environment
@@ -139,9 +138,7 @@ class LocalExecutor:
         started = time.monotonic()
         if self.cpu_threads is not None:
             result.extra["cpu_threads"] = self.cpu_threads
-            if not self._threads_limited:  # here, not at start-up: torch is imported by now
-                cpu_share.limit(self.cpu_threads)
-                self._threads_limited = True
+            cpu_share.limit(self.cpu_threads)  # here, not at start-up: torch is imported by now; no-op once set
         result.suspicious = static_report.scan_file(cand.path)
         try:
             if shape.gpu_only and self.device_kind == "cpu":

@@ -18,7 +18,7 @@ from pytest_kcoral import scoring
 from pytest_kcoral.environment import collect_environment
 from pytest_kcoral.options import Settings
 from pytest_kcoral.report import compare as compare_mod
-from pytest_kcoral.report import json_artifact, step_summary, terminal
+from pytest_kcoral.report import fmt_methods, json_artifact, step_summary, terminal
 from pytest_kcoral.results import ItemResult
 
 COLLECTION_ERROR_LINES = 20
@@ -200,7 +200,7 @@ def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore
         "kcoral_bench_lite_total": suite.bench_lite_total,
         **{f"kcoral_fast_{p}": v for p, v in suite.fast_p.items()},
         # how the items were timed, and how many fell back from CUPTI (the summary's TIMER FALLBACK)
-        "kcoral_timed_by": ", ".join(f"{m} {n}" for m, n in timers.methods.items()) or None,
+        "kcoral_timed_by": fmt_methods(timers.methods) or None,
         "kcoral_timer_fallbacks": sum(timers.fallbacks.values()),
     }
     for name, value in figures.items():

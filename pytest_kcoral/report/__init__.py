@@ -4,6 +4,10 @@ number formats they share live here."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from pytest_kcoral.scoring import CandidateScore
+
 
 def fmt_speedup(value: float | None) -> str:
     if value is None:
@@ -21,6 +25,16 @@ def fmt_mean_speedup(value: float | None, host_set_items: int) -> str:
     """A mean speedup, marked when the host's speed sets part of it."""
     text = fmt_speedup(value)
     return text + HOST_SET_MARK if value is not None and host_set_items else text
+
+
+def host_set_note(candidates: Sequence[CandidateScore]) -> str | None:
+    """The note that explains the ``~`` mark, when some pair's mean carries it."""
+    return HOST_SET_NOTE if any(c.host_set_seen or c.host_set_unseen for c in candidates) else None
+
+
+def fmt_methods(methods: dict[str, int]) -> str:
+    """Items per timing method, ``cupti 49, events 2`` (empty when nothing was timed)."""
+    return ", ".join(f"{method} {n}" for method, n in methods.items())
 
 
 def fmt_pct(value: float | None, digits: int = 0) -> str:

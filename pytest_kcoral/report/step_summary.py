@@ -8,13 +8,14 @@ from pathlib import Path
 
 from pytest_kcoral.report import (
     HOST_SET_MARK,
-    HOST_SET_NOTE,
     fmt_bool,
     fmt_mean_speedup,
+    fmt_methods,
     fmt_pct,
     fmt_score,
     fmt_speedup,
     fmt_unseen,
+    host_set_note,
 )
 from pytest_kcoral.report.compare import CompareResult
 from pytest_kcoral.scoring import Scores
@@ -52,8 +53,9 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
             _marked(c.mean_speedup_unseen, c.host_set_unseen), fmt_pct(c.generalization_gap),
             fmt_score(c.aka_score), fmt_score(c.bench_lite),
         )) + " |")
-    if any(c.host_set_seen or c.host_set_unseen for c in scores.candidates):
-        out += ["", _escape_mark(HOST_SET_NOTE)]
+    note = host_set_note(scores.candidates)
+    if note:
+        out += ["", _escape_mark(note)]
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     out += [
         "",
@@ -72,7 +74,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out.append(f"- **weak case** `{w.case}`: zeros or a constant match the reference on "
                    f"{', '.join(w.shapes)}")
     if scores.timers.methods:
-        out.append("- timed by " + ", ".join(f"{m} {n}" for m, n in scores.timers.methods.items()))
+        out.append("- timed by " + fmt_methods(scores.timers.methods))
     for reason, n in scores.timers.fallbacks.items():
         out.append(f"- **timer fallback** on {n} item(s): CUDA events, not CUPTI (short kernels read"
                    f" their launch overhead): {_cell(reason)}")

@@ -12,13 +12,14 @@ from typing import Sequence
 import pytest
 
 from pytest_kcoral.report import (
-    HOST_SET_NOTE,
     fmt_bool,
     fmt_mean_speedup,
+    fmt_methods,
     fmt_pct,
     fmt_score,
     fmt_speedup,
     fmt_unseen,
+    host_set_note,
     pair_name,
 )
 from pytest_kcoral.report.compare import CompareResult
@@ -55,8 +56,9 @@ def table_lines(scores: Scores) -> list[str]:
             fmt_score(c.aka_score),
             fmt_score(c.bench_lite),
         ]))
-    if any(c.host_set_seen or c.host_set_unseen for c in scores.candidates):
-        lines.append(HOST_SET_NOTE)
+    note = host_set_note(scores.candidates)
+    if note:
+        lines.append(note)
     return lines
 
 
@@ -94,7 +96,7 @@ def timer_lines(timers: TimerUse) -> list[str]:
     """Which timer timed the items, and why any GPU item was not timed by CUPTI."""
     if not timers.methods:
         return []
-    lines = ["timed by " + ", ".join(f"{method} {n}" for method, n in timers.methods.items())]
+    lines = ["timed by " + fmt_methods(timers.methods)]
     for reason, n in timers.fallbacks.items():
         lines.append(f"TIMER FALLBACK on {n} item{'s' if n != 1 else ''}: CUDA events, not CUPTI"
                      f" (short kernels read their launch overhead): {reason}")
