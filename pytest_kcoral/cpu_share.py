@@ -8,14 +8,21 @@ cases grew with two workers, the summed lease hold by 15% (101.8 s serially, 117
 workers); with 4 threads per process it was 102.9 s (docs/performance.md, session 7).
 
 So the cores are divided among the processes that may run at once: the session's xdist workers,
-or the host's GPUs when there are more of them (other sessions may be grading on those). A serial
-run gets the same share as a parallel one, so the two time the same way.
+or the host's GPUs when there are more of them (other sessions may be grading on those), and each
+of those twice, because a worker's pytest process and its candidate (or trusted) child both hold a
+pool whose threads spin. Dividing by the workers alone, 15 threads per process with two workers,
+still grew the lease hold (98.6 s serially, 117.9 s with two workers); 8 threads per process gave
+91.5 s (session 8). A serial run gets the same share as a parallel one, so the two time the same
+way. ``--kcoral-cpu-threads`` overrides the share.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+# torch pools per worker that may spin at once: the pytest process's and its current child's
+POOLS_PER_WORKER = 2
 
 
 def threads_per_process(cores: int, processes: int) -> int:
@@ -33,9 +40,9 @@ def session_workers(config: Any) -> int:
 
 def share(processes: int) -> int:
     """This process's share of the cores it may run on (after ``pinning.reserve``), with
-    ``processes`` of the session's running at once."""
+    ``processes`` of the session's workers running at once, each with its child."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return threads_per_process(cores, processes)
+    return threads_per_process(cores, POOLS_PER_WORKER * processes)
 
 
 def limit(threads: int) -> None:

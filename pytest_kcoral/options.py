@@ -59,6 +59,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Seconds of timed samples per callable (default 1.0 on a GPU, 0.2 on a CPU)")
     group.addoption("--kcoral-timing-cpu", default="auto", metavar="auto|off|N",
                     help="CPU core that GPU timing (baseline and candidate alike) runs on: auto picks one per GPU")
+    group.addoption("--kcoral-cpu-threads", type=int, default=None, metavar="N",
+                    help="torch CPU threads of each process (pytest and children); default: a share of the cores per worker")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Settings:
     timing_cpu: str = "auto"  # "auto" | "off" | a core number, see timing/pinning.py
     ncu: bool = False  # --kcoral-ncu: see diagnostics.py
     sanitizer: str | None = None  # --kcoral-sanitizer: a compute-sanitizer tool
+    cpu_threads: int | None = None  # --kcoral-cpu-threads; None: cpu_share's share of the cores
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -105,6 +108,9 @@ class Settings:
             raise pytest.UsageError(f"--kcoral-timing-cpu must be auto, off or a core number, not {timing_cpu!r}")
         if timing_cpu.isdigit() and hasattr(os, "sched_getaffinity") and int(timing_cpu) not in os.sched_getaffinity(0):
             raise pytest.UsageError(f"--kcoral-timing-cpu {timing_cpu}: not one of this process's cores {sorted(os.sched_getaffinity(0))}")
+        cpu_threads = opt("kcoral_cpu_threads")
+        if cpu_threads is not None and cpu_threads < 1:
+            raise pytest.UsageError(f"--kcoral-cpu-threads must be at least 1, not {cpu_threads}")
         return cls(
             mode=opt("kcoral_mode"),
             submissions=tuple(Path(p) for p in opt("kcoral_submissions")),
@@ -126,4 +132,5 @@ class Settings:
             timing_cpu=timing_cpu,
             ncu=opt("kcoral_ncu"),
             sanitizer=opt("kcoral_sanitizer"),
+            cpu_threads=cpu_threads,
         )

@@ -194,7 +194,7 @@ def get_executor(config: pytest.Config) -> Any:
         from pytest_kcoral import cpu_share
 
         # the processes that may run at once: this session's workers, or one per GPU of the host
-        cpu_threads = cpu_share.share(max(cpu_share.session_workers(config), host_gpus))
+        cpu_threads = settings.cpu_threads or cpu_share.share(max(cpu_share.session_workers(config), host_gpus))
         executor = LocalExecutor(settings, lease_factory(config), device_kind, sandbox, cpu_threads=cpu_threads)
         config.stash[executor_key] = executor
     return executor
