@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -46,3 +47,12 @@ def lease_overlaps(doc: dict[str, Any]) -> int:
         intervals.sort()
         overlaps += sum(1 for (_, end), (start, _) in zip(intervals, intervals[1:]) if start < end)
     return overlaps
+
+
+def describe_changes(changes: list[float], sep: str = " | ") -> str:
+    """Median relative change, the share within 2% and the largest change, as table cells (or one
+    cell's parts)."""
+    if not changes:
+        return sep.join("-" * 3)
+    within = sum(c <= 0.02 for c in changes) / len(changes)
+    return sep.join([f"{statistics.median(changes) * 100:.2f}%", f"{within * 100:.0f}% of {len(changes)}", f"{max(changes) * 100:.1f}%"])

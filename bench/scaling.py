@@ -17,12 +17,12 @@ speed moves the others between any two runs. Each run's rows print as soon as it
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _grade import describe_changes as _describe
 from _grade import grade, graded_items, host_set, lease_overlaps
 
 LONG_US = 20.0  # baselines at least this long are GPU-bound in the bundled cases (docs/performance.md)
@@ -40,14 +40,6 @@ def _changes(items: list[dict[str, Any]], base: dict[str, dict[str, Any]], only:
             continue
         out.append(abs(i["speedup"] / ref["speedup"] - 1))
     return out
-
-
-def _describe(changes: list[float], sep: str = " | ") -> str:
-    """Median change, share within 2% and largest change, as table cells (or one cell's parts)."""
-    if not changes:
-        return sep.join("-" * 3)
-    within = sum(c <= 0.02 for c in changes) / len(changes)
-    return sep.join([f"{statistics.median(changes) * 100:.2f}%", f"{within * 100:.0f}% of {len(changes)}", f"{max(changes) * 100:.1f}%"])
 
 
 def main() -> None:
