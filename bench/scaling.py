@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _grade import describe_changes as _describe
-from _grade import grade, graded_items, host_set, lease_overlaps
+from _grade import describe_changes, grade, graded_items, host_set, lease_overlaps
 
 LONG_US = 20.0  # baselines at least this long are GPU-bound in the bundled cases (docs/performance.md)
 
@@ -73,8 +72,8 @@ def main() -> None:
             base_rate, base = rate, {i["nodeid"]: i for i in items}
         devices = ",".join(sorted({i["device"] for i in items if i.get("device")}))
         print(f"| {k + 1} | {n} | {len(items)} | {wall_s:.1f} | {rate:.2f} | {rate / base_rate:.2f}x | "
-              f"{_describe(_changes(items, base))} | {_describe(_changes(items, base, 'long'), ' / ')} | "
-              f"{_describe(_changes(items, base, 'gpu'), ' / ')} | "
+              f"{describe_changes(_changes(items, base))} | {describe_changes(_changes(items, base, 'long'), ' / ')} | "
+              f"{describe_changes(_changes(items, base, 'gpu'), ' / ')} | "
               f"{lease_overlaps(doc)} | {devices} | {_timed_by(doc)} |", flush=True)
         fallbacks += [f"TIMER FALLBACK in run {k + 1} on {count} items: {why}" for why, count in doc.get("timers", {}).get("fallbacks", {}).items()]
         phase_rows.append((k, n, items, _lease_window(doc, started, started + wall_s)))
