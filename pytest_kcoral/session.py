@@ -51,7 +51,7 @@ class KcoralSession:
         self.compare_result: compare_mod.CompareResult | None = None
         self.partial = False
         self.json_written: str | None = None
-        self._saved_run: dict[tuple[str, str], float | None] | None = None
+        self._saved_run: compare_mod.SavedRun | None = None
         self._compare_path = config.getoption("kcoral_compare", None)
         self._compare_threshold: float | None = None
         config.stash[session_key] = self
@@ -126,15 +126,20 @@ class KcoralSession:
         )
         scores = self.build_scores()
         _add_junit_suite_properties(session.config, scores.suite, scores.timers)
+        settings = self.settings
+        wants_json = settings is not None and settings.json_path is not None
+        # nvidia-smi runs behind it: only when the JSON or the comparison needs it
+        environment = collect_environment() if wants_json or self._saved_run is not None else None
         if self._saved_run is not None:
             self.compare_result = compare_mod.compare_runs(
-                self._saved_run, scores.candidates, self._compare_threshold, self._compare_path)
-        settings = self.settings
-        if settings is not None and settings.json_path is not None:
+                self._saved_run, scores.candidates, self._compare_threshold, self._compare_path,
+                timed_by=compare_mod.pair_methods((i.case, i.candidate, i.split, i.timer, i.speedup) for i in self.items),
+                gpus=compare_mod.gpu_models(environment))
+        if wants_json:
             doc = json_artifact.build_document(
                 self.items, scores,
                 settings=settings,
-                environment=collect_environment(),
+                environment=environment,
                 partial=self.partial,
                 collection_errors=self.collection_errors,
                 lease_history=self.lease_history,

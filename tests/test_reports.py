@@ -204,8 +204,9 @@ def test_compare_detects_regressions(tmp_path):
     ]
     old_path = _save(tmp_path, "old.json", old_items)
     saved = compare.load_saved_run(old_path)
-    assert saved == {("cases/vector_add", "fast"): 2.0, ("cases/vector_add", "gone"): 1.0,
-                     ("cases/vector_add", "steady"): 1.0}
+    assert saved.speedups == {("cases/vector_add", "fast"): 2.0, ("cases/vector_add", "gone"): 1.0,
+                              ("cases/vector_add", "steady"): 1.0}
+    assert saved.timed_by[("cases/vector_add", "fast")] == ("wall",) and not saved.host_set
     result = compare.compare_runs(saved, scoring.score(new_items).candidates, 5.0, old_path)
     assert [(r.candidate, r.regressed) for r in result.rows] == [("fast", True), ("steady", False)]
     assert result.rows[0].change_pct == pytest.approx(-10.0)
@@ -220,6 +221,54 @@ def test_compare_detects_regressions(tmp_path):
     doc = json_artifact.build_document(new_items, new_scores, compare=result)
     assert doc["compare"]["regressions"][0]["candidate"] == "fast"
     assert doc["compare"]["threshold_pct"] == 5.0
+
+
+def test_compare_never_gates_on_pairs_timed_differently(tmp_path):
+    # the saved run fell back to CUDA events, this one had CUPTI: a 2.00x -> 1.00x "regression"
+    # there is the timer's, not the kernel's
+    old_path = _save(tmp_path, "old.json", [item(candidate="a", speedup=2.0), item(candidate="b", speedup=2.0)])
+    doc = json.loads(old_path.read_text())
+    for i in doc["items"]:
+        i["timer"] = "events" if i["candidate"] == "a" else "cupti"
+    doc["environment"]["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]
+    old_path.write_text(json.dumps(doc))
+    new_items = [item(candidate="a", speedup=1.0), item(candidate="b", speedup=1.0)]
+    for it in new_items:
+        it.timer = "cupti"
+    saved = compare.load_saved_run(old_path)
+    assert saved.gpus == ("NVIDIA H100 80GB HBM3",)
+    timed_by = compare.pair_methods((i.case, i.candidate, i.split, i.timer, i.speedup) for i in new_items)
+    result = compare.compare_runs(saved, scoring.score(new_items).candidates, 5.0, old_path,
+                                  timed_by=timed_by, gpus=("NVIDIA H200",))
+    a, b = result.rows
+    assert (a.comparable, a.regressed, a.change_pct) == (False, False, pytest.approx(-50.0))
+    assert (b.comparable, b.regressed) == (True, True)
+    assert result.other_gpus
+    lines = terminal.compare_lines(result)
+    LineMatcher(lines).fnmatch_lines([
+        "compared with *old.json (fail below -5%): 2 pairs, 1 regressed",
+        "  REGRESSION cases/vector_add::b: 2.00x -> 1.00x (-50.0%)",
+        "  the saved run ran on NVIDIA H100 80GB HBM3, this one on NVIDIA H200: speedups move with the GPU",
+        "  NOT COMPARED 1 pair, timed by other methods in the two runs: cases/vector_add::a (events then, cupti now)",
+    ])
+    assert compare.compare_runs(saved, scoring.score(new_items).candidates, 5.0, gpus=("NVIDIA H100 80GB HBM3",)).other_gpus is False
+    d = result.to_dict()
+    assert [r["candidate"] for r in d["not_comparable"]] == ["a"] and d["rows"][0]["old_timed_by"] == ["events"]
+
+
+def test_compare_marks_regressions_the_host_sets(tmp_path):
+    old_path = _save(tmp_path, "old.json", [item(candidate="a", speedup=2.0)])
+    doc = json.loads(old_path.read_text())
+    doc["candidates"][0]["host_set_seen"] = 1  # the saved run's mean carried ~
+    old_path.write_text(json.dumps(doc))
+    result = compare.compare_runs(compare.load_saved_run(old_path), scoring.score([item(candidate="a", speedup=1.5)]).candidates, 5.0)
+    (row,) = result.regressions
+    assert row.host_set and compare.fmt_change(row) == "2.00x~ -> 1.50x~ (-25.0%)"
+    assert compare.caveats(result) == [
+        "~ the host's launch speed sets part of these speedups: rerun before believing a regression there"]
+    markdown = step_summary.render_markdown(scoring.score([item(candidate="a", speedup=1.5)]), compare=result)
+    assert "- `cases/vector_add::a` 2.00x\\~ -> 1.50x\\~ (-25.0%)" in markdown
+    assert "- \\~ the host's launch speed sets part of these speedups" in markdown
 
 
 def test_compare_skips_pairs_without_speedup(tmp_path):
@@ -489,6 +538,9 @@ def test_session_compare_fails_on_regression(fake_suite: pytest.Pytester):
     for c in doc["candidates"]:
         if c["candidate"] == "v1":
             c["scored_speedup"] = 2.0  # the saved run was faster: 1.5x now is -25%
+    for i in doc["items"]:
+        if i["candidate"] == "w":
+            i["timer"] = "events"  # the saved run timed w otherwise: not comparable
     old.write_text(json.dumps(doc))
     result = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2",
                                   "--kcoral-compare", str(old), "--kcoral-compare-fail", "5%",
@@ -498,9 +550,11 @@ def test_session_compare_fails_on_regression(fake_suite: pytest.Pytester):
     result.stdout.fnmatch_lines([
         "compared with *old.json (fail below -5%): 2 pairs, 1 regressed",
         "  REGRESSION cases/a::v1: 2.00x -> 1.50x (-25.0%)",
+        "  NOT COMPARED 1 pair, timed by other methods in the two runs: cases/b::w (events then, wall now)",
     ])
     new = json.loads((fake_suite.path / "new.json").read_text())
     assert [r["candidate"] for r in new["compare"]["regressions"]] == ["v1"]
+    assert [(r["candidate"], r["comparable"]) for r in new["compare"]["rows"]] == [("v1", True), ("w", False)]
     # within the threshold: passes
     ok = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2",
                               "--kcoral-compare", str(old), "--kcoral-compare-fail", "30")

@@ -3,6 +3,18 @@
 For every (case, candidate) pair present in both runs the credited mean seen speedup (see
 ``CandidateScore.scored_speedup``) is compared; a pair slower than the saved run by more than the
 threshold is a regression, which the session turns into a non-zero exit status.
+
+A comparison is only as good as its two runs are alike, so it says where they are not:
+
+- a pair whose seen items were timed by other methods in the two runs (CUPTI in one, CUDA events
+  in the other, after a fallback) is *not comparable*: on an H200 the events read the baseline's own
+  code at 1.98x where CUPTI read 1.01x (docs/performance.md, session 7). Its change is shown, never
+  counted as a regression;
+- a pair whose mean carries ``~`` in either run (``scoring.host_set``: the host's launch speed sets
+  part of it) is marked: the items behind such means moved by up to 25% between two identical runs
+  on one host (session 8), so a regression there wants a rerun before it is believed. It still
+  counts;
+- runs on different GPU models are named, since speedups move with the GPU.
 """
 
 from __future__ import annotations
@@ -11,8 +23,9 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
+from pytest_kcoral.report import HOST_SET_MARK, fmt_speedup, pair_name
 from pytest_kcoral.scoring import CandidateScore
 
 SCHEMA_PREFIX = "pytest-kcoral/"
@@ -35,8 +48,35 @@ def parse_threshold(text: str | float) -> float:
     return value
 
 
-def load_saved_run(path: str | Path) -> dict[tuple[str, str], float | None]:
-    """(case, candidate) -> credited mean seen speedup, from a ``--kcoral-json`` file."""
+@dataclass
+class SavedRun:
+    """What a comparison needs of a ``--kcoral-json`` file, per (case, candidate) pair."""
+
+    speedups: dict[tuple[str, str], float | None]  # credited mean seen speedup
+    host_set: set[tuple[str, str]] = field(default_factory=set)  # pairs whose seen mean carried ~
+    timed_by: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # methods of the seen speedups
+    gpus: tuple[str, ...] = ()  # GPU models of the saved run's host
+
+
+def pair_methods(items: Iterable[tuple[str, str, str, str | None, float | None]]) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(case, candidate) -> the timing methods behind its seen speedups, from (case, candidate,
+    split, timer, speedup) per item."""
+    methods: dict[tuple[str, str], set[str]] = {}
+    for case, candidate, split, timer, speedup in items:
+        if split == "seen" and speedup is not None and timer:
+            methods.setdefault((case, candidate), set()).add(timer)
+    return {key: tuple(sorted(found)) for key, found in methods.items()}
+
+
+def gpu_models(environment: dict[str, Any] | None) -> tuple[str, ...]:
+    """The GPU models of an artifact's ``environment`` (empty on a CPU)."""
+    gpus = (environment or {}).get("gpus") or []
+    return tuple(sorted({str(g.get("name")) for g in gpus if isinstance(g, dict) and g.get("name")}))
+
+
+def load_saved_run(path: str | Path) -> SavedRun:
+    """The pairs' credited mean seen speedups, ``~`` marks and timing methods, from a
+    ``--kcoral-json`` file."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -55,14 +95,22 @@ def load_saved_run(path: str | Path) -> dict[tuple[str, str], float | None]:
     candidates = doc.get("candidates")
     if not isinstance(candidates, list):
         raise CompareError(f"--kcoral-compare: {path}: malformed, 'candidates' is not a list")
-    saved: dict[tuple[str, str], float | None] = {}
+    saved = SavedRun(speedups={})
     for i, c in enumerate(candidates):
         try:
             key = (str(c["case"]), str(c["candidate"]))
             value = c.get("scored_speedup", c.get("mean_speedup_seen"))
-            saved[key] = float(value) if value is not None else None
+            saved.speedups[key] = float(value) if value is not None else None
+            if c.get("host_set_seen"):  # absent from files written before the mark existed
+                saved.host_set.add(key)
         except (KeyError, TypeError, ValueError, AttributeError):
             raise CompareError(f"--kcoral-compare: {path}: malformed entry candidates[{i}]") from None
+    items = doc.get("items")
+    if isinstance(items, list):
+        saved.timed_by = pair_methods(
+            (str(i.get("case")), str(i.get("candidate")), i.get("split"), i.get("timer"), i.get("speedup"))
+            for i in items if isinstance(i, dict))
+    saved.gpus = gpu_models(doc.get("environment") if isinstance(doc.get("environment"), dict) else None)
     return saved
 
 
@@ -74,6 +122,14 @@ class CompareRow:
     new_speedup: float | None
     change_pct: float | None  # (new - old) / old * 100; negative: slower than the saved run
     regressed: bool
+    host_set: bool = False  # the pair's seen mean carries ~ in either run
+    old_timed_by: tuple[str, ...] = ()  # timing methods behind each run's seen speedups
+    new_timed_by: tuple[str, ...] = ()
+
+    @property
+    def comparable(self) -> bool:
+        """Both runs timed the pair's seen items the same way (unknown counts as the same)."""
+        return not (self.old_timed_by and self.new_timed_by) or self.old_timed_by == self.new_timed_by
 
 
 @dataclass
@@ -83,10 +139,21 @@ class CompareResult:
     rows: list[CompareRow] = field(default_factory=list)  # pairs in both runs
     only_old: list[tuple[str, str]] = field(default_factory=list)
     only_new: list[tuple[str, str]] = field(default_factory=list)
+    old_gpus: tuple[str, ...] = ()
+    new_gpus: tuple[str, ...] = ()
 
     @property
     def regressions(self) -> list[CompareRow]:
         return [r for r in self.rows if r.regressed]
+
+    @property
+    def not_comparable(self) -> list[CompareRow]:
+        return [r for r in self.rows if not r.comparable]
+
+    @property
+    def other_gpus(self) -> bool:
+        """The two runs ran on different GPU models (both known)."""
+        return bool(self.old_gpus and self.new_gpus) and self.old_gpus != self.new_gpus
 
     @property
     def compared(self) -> list[CompareRow]:
@@ -96,30 +163,76 @@ class CompareResult:
         return {
             "path": self.path,
             "threshold_pct": self.threshold_pct,
-            "rows": [asdict(r) for r in self.rows],
-            "regressions": [asdict(r) for r in self.regressions],
+            "rows": [_row_dict(r) for r in self.rows],
+            "regressions": [_row_dict(r) for r in self.regressions],
+            "not_comparable": [_row_dict(r) for r in self.not_comparable],
             "only_old": [list(k) for k in self.only_old],
             "only_new": [list(k) for k in self.only_new],
+            "old_gpus": list(self.old_gpus),
+            "new_gpus": list(self.new_gpus),
         }
 
 
+def _row_dict(row: CompareRow) -> dict[str, Any]:
+    d = asdict(row)
+    d["old_timed_by"], d["new_timed_by"] = list(row.old_timed_by), list(row.new_timed_by)
+    d["comparable"] = row.comparable
+    return d
+
+
 def compare_runs(
-    saved: dict[tuple[str, str], float | None],
+    saved: SavedRun,
     candidates: Sequence[CandidateScore],
     threshold_pct: float | None,
     path: str | Path = "",
+    *,
+    timed_by: dict[tuple[str, str], tuple[str, ...]] | None = None,
+    gpus: tuple[str, ...] = (),
 ) -> CompareResult:
-    """Compare this run's pairs with a saved run's; pairs without a speedup on either side are
-    listed with ``change_pct`` None and never count as regressions."""
-    result = CompareResult(path=str(path), threshold_pct=threshold_pct)
-    new = {c.key: c.scored_speedup for c in candidates}
-    for key in sorted(set(saved) & set(new)):
-        old_s, new_s = saved[key], new[key]
+    """Compare this run's pairs with a saved run's. ``timed_by`` (``pair_methods`` of this run's
+    items) and ``gpus`` (``gpu_models`` of this host) say how alike the runs are. Pairs without a
+    speedup on either side are listed with ``change_pct`` None, and pairs timed by other methods
+    in the two runs are not comparable: neither ever counts as a regression."""
+    result = CompareResult(path=str(path), threshold_pct=threshold_pct, old_gpus=saved.gpus, new_gpus=gpus)
+    timed_by = timed_by or {}
+    new = {c.key: c for c in candidates}
+    for key in sorted(set(saved.speedups) & set(new)):
+        old_s, new_s = saved.speedups[key], new[key].scored_speedup
         change = None
         if old_s is not None and new_s is not None and old_s > 0:
             change = (new_s - old_s) / old_s * 100.0
-        regressed = change is not None and threshold_pct is not None and -change > threshold_pct
-        result.rows.append(CompareRow(key[0], key[1], old_s, new_s, change, regressed))
-    result.only_old = sorted(set(saved) - set(new))
-    result.only_new = sorted(set(new) - set(saved))
+        row = CompareRow(key[0], key[1], old_s, new_s, change, regressed=False,
+                         host_set=key in saved.host_set or bool(new[key].host_set_seen),
+                         old_timed_by=saved.timed_by.get(key, ()), new_timed_by=timed_by.get(key, ()))
+        row.regressed = (change is not None and threshold_pct is not None and -change > threshold_pct
+                         and row.comparable)
+        result.rows.append(row)
+    result.only_old = sorted(set(saved.speedups) - set(new))
+    result.only_new = sorted(set(new) - set(saved.speedups))
     return result
+
+
+def fmt_change(row: CompareRow) -> str:
+    """``2.00x -> 1.80x (-10.0%)``, each speedup marked ``~`` when the host sets part of it."""
+    mark = HOST_SET_MARK if row.host_set else ""
+    old = fmt_speedup(row.old_speedup) + (mark if row.old_speedup is not None else "")
+    new = fmt_speedup(row.new_speedup) + (mark if row.new_speedup is not None else "")
+    change = f" ({row.change_pct:+.1f}%)" if row.change_pct is not None else ""
+    return f"{old} -> {new}{change}"
+
+
+def caveats(result: CompareResult) -> list[str]:
+    """What makes the two runs less alike than a comparison assumes, one line each."""
+    lines = []
+    if result.other_gpus:
+        lines.append(f"the saved run ran on {', '.join(result.old_gpus)}, this one on {', '.join(result.new_gpus)}:"
+                     " speedups move with the GPU")
+    if result.not_comparable:
+        pairs = "; ".join(f"{pair_name(r.case, r.candidate)} ({'+'.join(r.old_timed_by)} then, {'+'.join(r.new_timed_by)} now)"
+                          for r in result.not_comparable)
+        lines.append(f"NOT COMPARED {len(result.not_comparable)} pair{'s' if len(result.not_comparable) != 1 else ''},"
+                     f" timed by other methods in the two runs: {pairs}")
+    if any(r.host_set for r in result.regressions):
+        lines.append(f"{HOST_SET_MARK} the host's launch speed sets part of these speedups: rerun before believing"
+                     " a regression there")
+    return lines

@@ -17,7 +17,7 @@ from pytest_kcoral.report import (
     fmt_unseen,
     host_set_note,
 )
-from pytest_kcoral.report.compare import CompareResult
+from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change
 from pytest_kcoral.scoring import Scores
 
 ENV_VAR = "GITHUB_STEP_SUMMARY"
@@ -84,11 +84,10 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
             team = _cell(e.team) if e.team is not None else "(bundled)"
             out.append(f"| {e.rank} | {team} | {fmt_score(e.bench_lite_total)} |"
                        f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
-    if compare is not None and compare.regressions:
+    if compare is not None and (compare.regressions or caveats(compare)):
         out += ["", f"**{len(compare.regressions)} regression(s)** against `{compare.path}`:", ""]
-        for r in compare.regressions:
-            out.append(f"- `{r.case}::{r.candidate}` {fmt_speedup(r.old_speedup)} ->"
-                       f" {fmt_speedup(r.new_speedup)} ({r.change_pct:+.1f}%)")
+        out += [f"- `{r.case}::{r.candidate}` {_escape_mark(fmt_change(r))}" for r in compare.regressions]
+        out += [f"- {_escape_mark(line)}" for line in caveats(compare)]
     return "\n".join(out) + "\n"
 
 

@@ -22,7 +22,7 @@ from pytest_kcoral.report import (
     host_set_note,
     pair_name,
 )
-from pytest_kcoral.report.compare import CompareResult
+from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change
 from pytest_kcoral.scoring import Scores, TimerUse
 
 NAME_WIDTH = 40
@@ -107,10 +107,8 @@ def compare_lines(result: CompareResult) -> list[str]:
     threshold = f"fail below -{result.threshold_pct:g}%" if result.threshold_pct is not None else "report only"
     lines = [f"compared with {result.path} ({threshold}): {len(result.compared)} pairs,"
              f" {len(result.regressions)} regressed"]
-    for r in result.regressions:
-        lines.append(f"  REGRESSION {pair_name(r.case, r.candidate)}: {fmt_speedup(r.old_speedup)}"
-                     f" -> {fmt_speedup(r.new_speedup)} ({r.change_pct:+.1f}%)")
-    return lines
+    lines += [f"  REGRESSION {pair_name(r.case, r.candidate)}: {fmt_change(r)}" for r in result.regressions]
+    return lines + [f"  {line}" for line in caveats(result)]
 
 
 def summary_lines(
@@ -145,5 +143,5 @@ def summary_lines(
 def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str]) -> None:
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
-        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK"))
+        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED"))
         terminalreporter.write_line(line, red=red)
