@@ -246,7 +246,7 @@ def test_compare_never_gates_on_pairs_timed_differently(tmp_path):
     assert result.other_gpus
     lines = terminal.compare_lines(result)
     LineMatcher(lines).fnmatch_lines([
-        "compared with *old.json (fail below -5%): 2 pairs, 1 regressed",
+        "compared with *old.json (fail below -5%): 1 pair, 1 regressed",
         "  REGRESSION cases/vector_add::b: 2.00x -> 1.00x (-50.0%)",
         "  the saved run ran on NVIDIA H100 80GB HBM3, this one on NVIDIA H200: speedups move with the GPU",
         "  NOT COMPARED 1 pair, timed by other methods in the two runs: cases/vector_add::a (events then, cupti now)",
@@ -399,7 +399,7 @@ def test_terminal_pass_at_k_partial_and_regressions():
         "pass@k @1 0.50  @2 1.00",
         "   1. team-a * 60.0  correct 1/1  mean 1.00x",
         "collection error cases/bad: SEEN is empty",
-        "compared with old.json (fail below -5%): 1 pairs, 1 regressed",
+        "compared with old.json (fail below -5%): 1 pair, 1 regressed",
         "  REGRESSION cases/vector_add::team-a/1: 1.25x -> 1.00x (-20.0%)",
     ])
 
@@ -548,7 +548,7 @@ def test_session_compare_fails_on_regression(fake_suite: pytest.Pytester):
     result.assert_outcomes(passed=5)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
-        "compared with *old.json (fail below -5%): 2 pairs, 1 regressed",
+        "compared with *old.json (fail below -5%): 1 pair, 1 regressed",
         "  REGRESSION cases/a::v1: 2.00x -> 1.50x (-25.0%)",
         "  NOT COMPARED 1 pair, timed by other methods in the two runs: cases/b::w (events then, wall now)",
     ])

@@ -157,7 +157,8 @@ class CompareResult:
 
     @property
     def compared(self) -> list[CompareRow]:
-        return [r for r in self.rows if r.change_pct is not None]
+        """Rows with a change that could count: a speedup on both sides, timed alike."""
+        return [r for r in self.rows if r.change_pct is not None and r.comparable]
 
     def to_dict(self) -> dict[str, Any]:
         return {

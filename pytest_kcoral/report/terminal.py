@@ -105,7 +105,8 @@ def timer_lines(timers: TimerUse) -> list[str]:
 
 def compare_lines(result: CompareResult) -> list[str]:
     threshold = f"fail below -{result.threshold_pct:g}%" if result.threshold_pct is not None else "report only"
-    lines = [f"compared with {result.path} ({threshold}): {len(result.compared)} pairs,"
+    n = len(result.compared)
+    lines = [f"compared with {result.path} ({threshold}): {n} pair{'s' if n != 1 else ''},"
              f" {len(result.regressions)} regressed"]
     lines += [f"  REGRESSION {pair_name(r.case, r.candidate)}: {fmt_change(r)}" for r in result.regressions]
     return lines + [f"  {line}" for line in caveats(result)]
