@@ -94,6 +94,8 @@ def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
         props.append(("kcoral_host_set", host_set(result)))  # the summary's ~: the host sets part of it
     if result.baseline_correct is not None:
         props.append(("kcoral_baseline_correct", result.baseline_correct))
+    if result.case_failed:
+        props.append(("kcoral_case_failed", True))  # the case's failure, not the candidate's
     if result.suspicious:
         props.append(("kcoral_suspicious", "; ".join(result.suspicious)))
     diagnostics = result.extra.get("diagnostics", {})

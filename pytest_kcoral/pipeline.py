@@ -22,7 +22,7 @@ from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.isolation import Child, ChildFailure
 from pytest_kcoral.options import Settings
-from pytest_kcoral.results import ItemResult, TimingStats, speedup_between
+from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult, TimingStats, speedup_between
 from pytest_kcoral.timing import pinning
 
 # Timed-call samples kept for checking against the reference.
@@ -69,13 +69,15 @@ class Executor(Protocol):
 
 
 class StageFailed(Exception):
-    """Ends an item: the stage, the phase and one screen of why."""
+    """Ends an item: the stage, the phase and one screen of why. ``case_failed``: the case itself
+    failed (its import, inputs or reference, in a process without the candidate)."""
 
-    def __init__(self, stage: str, message: str, phase: str | None = None) -> None:
+    def __init__(self, stage: str, message: str, phase: str | None = None, *, case_failed: bool = False) -> None:
         super().__init__(message)
         self.stage = stage
         self.message = message
         self.phase = phase
+        self.case_failed = case_failed
 
 
 class ItemSkipped(Exception):
@@ -151,6 +153,7 @@ class LocalExecutor:
             result.phase = failure.phase
             result.outcome = "failed"
             result.message = failure.message
+            result.case_failed = failure.case_failed
             if failure.stage == "correctness":
                 result.correct = False
         except ItemSkipped as skip:
@@ -234,7 +237,7 @@ class LocalExecutor:
             return stack.enter_context(Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox))
         except ChildFailure as failure:
             self._skip_if_case_needs_cuda(failure)
-            raise StageFailed("compile", "the case itself failed (not the candidate): " + _describe_child_failure("compile", failure), failure.phase) from None
+            raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase, case_failed=True) from None
 
     def _diagnose(self, spec: ItemSpec, ref: ReferenceData, device: str, result: ItemResult, tool: str,
                   candidate: Child, deadline: float) -> float:
@@ -359,7 +362,7 @@ class LocalExecutor:
                 child.close()
             self._skip_if_case_needs_cuda(failure)
             stage = "timing" if phase in ("baseline", "verify") else "correctness"
-            raise StageFailed(stage, "the case itself failed (not the candidate): " + _describe_child_failure(stage, failure), phase) from None
+            raise StageFailed(stage, CASE_FAILED_PREFIX + _describe_child_failure(stage, failure), phase, case_failed=True) from None
 
     def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
         import torch

@@ -48,6 +48,10 @@ class TimingStats:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+# how an item's message begins when the case itself failed (``ItemResult.case_failed``)
+CASE_FAILED_PREFIX = "the case itself failed (not the candidate): "
+
+
 @dataclass
 class ItemResult:
     """Outcome of one (case, candidate, shape) item."""
@@ -70,6 +74,9 @@ class ItemResult:
     baseline_correct: bool | None = None  # the baseline checked against the reference on this shape
     message: str | None = None  # one screen saying why it failed or was skipped
     phase: str | None = None  # phase inside the stage where a process died or timed out
+    # the case itself failed here (its import, inputs or reference), not the candidate; the item
+    # still fails: a candidate able to break its case must not escape a grade by doing so
+    case_failed: bool = False
 
     t_baseline_us: float | None = None
     t_candidate_us: float | None = None

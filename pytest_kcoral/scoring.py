@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
-from pytest_kcoral.results import ItemResult
+from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 
 TIER_WEIGHTS = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 5: 3.0}
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.5, 2.0)
@@ -208,6 +208,18 @@ class TimerUse:
 
 
 @dataclass
+class FailedCase:
+    """A case that failed by itself on some shapes: every candidate fails there alike."""
+
+    case: str
+    shapes: list[str]  # "seen n=8", "unseen n=9"
+    reason: str  # the first failure's first line
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class CaseSummary:
     case: str
     tier: int
@@ -217,6 +229,7 @@ class CaseSummary:
     candidates_correct: int
     baseline_failed_shapes: list[str]
     weak_shapes: list[str]
+    case_failed_shapes: list[str] = field(default_factory=list)  # shapes on which the case itself failed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,6 +245,7 @@ class Scores:
     weak_cases: list[WeakCase]
     cases: list[CaseSummary]
     timers: TimerUse
+    failed_cases: list[FailedCase] = field(default_factory=list)
 
 
 # -- computation ------------------------------------------------------------------------------
@@ -449,6 +463,21 @@ def weak_cases(items: Iterable[ItemResult]) -> list[WeakCase]:
     return [WeakCase(case, sorted(s)) for case, s in sorted(shapes.items())]
 
 
+def failed_cases(items: Iterable[ItemResult]) -> list[FailedCase]:
+    """Cases that failed by themselves (``ItemResult.case_failed``), with their shapes and the
+    first reason, the prefix that says whose failure it is left out."""
+    by_case: dict[str, list[ItemResult]] = defaultdict(list)
+    for it in graded(items):
+        if it.case_failed:
+            by_case[it.case].append(it)
+    out = []
+    for case, its in sorted(by_case.items()):
+        shapes = sorted({(it.split != "seen", it.shape_id) for it in its})
+        reason = (its[0].message or "").split("\n", 1)[0].removeprefix(CASE_FAILED_PREFIX)
+        out.append(FailedCase(case, [f"{'unseen' if unseen else 'seen'} {shape}" for unseen, shape in shapes], reason))
+    return out
+
+
 FALLBACK_FLAG = "fallback_to_events: "  # timing/__init__.py's flag when CUPTI could not be used
 
 
@@ -484,6 +513,7 @@ def case_summaries(candidates: Sequence[CandidateScore], items: Iterable[ItemRes
             candidates_correct=sum(1 for c in pairs if c.correct_seen),
             baseline_failed_shapes=sorted({it.shape_id for it in its if it.baseline_correct is False}),
             weak_shapes=weak.get(case, []),
+            case_failed_shapes=sorted({it.shape_id for it in its if it.case_failed}),
         ))
     return out
 
@@ -498,4 +528,5 @@ def score(items: Sequence[ItemResult]) -> Scores:
         weak_cases=weak_cases(items),
         cases=case_summaries(candidates, items),
         timers=timer_use(items),
+        failed_cases=failed_cases(items),
     )

@@ -19,8 +19,8 @@ from pytest_kcoral.results import ItemResult
 
 TOP_LEVEL_KEYS = {
     "schema", "partial", "created", "config", "environment", "seed", "seed_is_secret", "items",
-    "candidates", "cases", "suite", "leaderboard", "weak_cases", "timers", "collection_errors",
-    "lease_history", "compare",
+    "candidates", "cases", "suite", "leaderboard", "weak_cases", "failed_cases", "timers",
+    "collection_errors", "lease_history", "compare",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 from kernels import triton_add
@@ -125,7 +126,7 @@ def test_trials_option_sets_the_number_of_input_sets(make_case, run_kcoral):
     result.stdout.fnmatch_lines(["*trial 5 of 5: output 0:*"])
 
 
-def test_a_failing_reference_is_reported_as_the_cases_fault(make_case, run_kcoral):
+def test_a_failing_reference_is_reported_as_the_cases_fault(make_case, run_kcoral, pytester):
     broken = """
 import torch
 SEEN = [{"n": 64}]
@@ -138,14 +139,21 @@ def reference(x):
 """
     make_case("cases/bad_ref", broken, {"good": "def run(x):\n    return x\n"})
     make_case("cases/add", candidates={"good": GOOD})
-    result = run_kcoral("--kcoral-mode", "correctness")
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*kcoral correctness failed in phase 'reference': the case itself failed (not the candidate): ValueError: reference bug*"])
+    result.stdout.fnmatch_lines([
+        "*kcoral correctness failed in phase 'reference': the case itself failed (not the candidate): ValueError: reference bug*",
+        "CASE FAILED cases/bad_ref on seen n=64, every candidate failing there: ValueError: reference bug",
+    ])
+    doc = json.loads((pytester.path / "out.json").read_text())
+    (bad,) = [i for i in doc["items"] if i["case"] == "cases/bad_ref"]
+    assert bad["case_failed"] is True and bad["outcome"] == "failed"  # failed still: never credited
+    assert not any(i["case_failed"] for i in doc["items"] if i["case"] == "cases/add")
+    assert doc["failed_cases"] == [{"case": "cases/bad_ref", "shapes": ["seen n=64"], "reason": "ValueError: reference bug"}]
+    assert {c["case"]: c["case_failed_shapes"] for c in doc["cases"]} == {"cases/add": [], "cases/bad_ref": ["n=64"]}
 
 
 def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral, pytester):
-    import json
-
     make_case("cases/add", DISAGREEING_BASELINE, {"good": GOOD})
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
@@ -153,8 +161,6 @@ def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral,
 
 
 def test_baseline_correctness_is_recorded_when_the_candidate_does_not_compile(make_case, run_kcoral, pytester):
-    import json
-
     make_case("cases/add", DISAGREEING_BASELINE, {"broken": "def run(a, b) return a\n"})
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(failed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
@@ -239,8 +245,6 @@ def run(a, b):
 
 
 def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_kcoral, pytester):
-    import json
-
     log = repr(str(pytester.path / "calls.log"))
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", log), {"logged": LOGGING_CANDIDATE.replace("__LOG__", log)})
     run_kcoral("--kcoral-json", "out.json").assert_outcomes(passed=1)

@@ -73,6 +73,9 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     for w in scores.weak_cases:
         out.append(f"- **weak case** `{w.case}`: zeros or a constant match the reference on "
                    f"{', '.join(w.shapes)}")
+    for f in scores.failed_cases:
+        out.append(f"- **case failed** `{f.case}` on {', '.join(f.shapes)}, every candidate failing there:"
+                   f" {_cell(f.reason)}")
     if scores.timers.methods:
         out.append("- timed by " + fmt_methods(scores.timers.methods))
     for reason, n in scores.timers.fallbacks.items():

@@ -88,6 +88,8 @@ def suite_lines(scores: Scores) -> list[str]:
     for w in scores.weak_cases:
         lines.append(f"WEAK case {w.case}: zeros or a constant match the reference on "
                      f"{', '.join(w.shapes)}")
+    for f in scores.failed_cases:
+        lines.append(f"CASE FAILED {f.case} on {', '.join(f.shapes)}, every candidate failing there: {f.reason}")
     lines += timer_lines(scores.timers)
     return lines
 
@@ -144,5 +146,5 @@ def summary_lines(
 def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str]) -> None:
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
-        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED"))
+        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "CASE FAILED"))
         terminalreporter.write_line(line, red=red)
