@@ -566,3 +566,24 @@ def test_session_compare_names_a_missing_file(fake_suite: pytest.Pytester):
                                   "--kcoral-compare", "missing.json", "--kcoral-compare-fail", "5")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kcoral-compare: missing.json: no such file*"])
+
+
+def test_cases_that_failed_by_themselves_are_named_in_every_report():
+    broken = [item(case="cases/c", candidate=name, split=split, shape_id=shape, correct=False)
+              for name in ("x", "y") for split, shape in (("unseen", "n=9"), ("seen", "n=8"))]
+    for it in broken:
+        it.case_failed = True
+        it.message = f"the case itself failed (not the candidate): RuntimeError: boom | {it.candidate}\nmore"
+    items = fixed_items() + broken
+    scores = scoring.score(items)
+    (failed,) = scores.failed_cases
+    assert failed.case == "cases/c" and failed.shapes == ["seen n=8", "unseen n=9"]
+    assert failed.reason.startswith("RuntimeError: boom | ")
+    LineMatcher(terminal.summary_lines(scores)).fnmatch_lines(
+        ["CASE FAILED cases/c on seen n=8, unseen n=9, every candidate failing there: RuntimeError: boom | ?"])
+    assert "- **case failed** `cases/c` on seen n=8, unseen n=9, every candidate failing there: RuntimeError: boom \\| " \
+        in step_summary.render_markdown(scores)
+    # still failures: the pairs are not correct and earn only the compile credit
+    assert {c.candidate: (c.correct_seen, c.aka_score) for c in scores.candidates if c.case == "cases/c"} == {
+        "x": (False, 20.0), "y": (False, 20.0)}
+    assert not scoring.score(fixed_items()).failed_cases
