@@ -225,17 +225,19 @@ class _Runner:
         self._require(TRUSTED)
         shape = header["shape"]
         tol = correctness.Tolerance(*header["tolerance"]) if header.get("tolerance") else None
-        inputs, refs, baseline_problems, weak = [], [], [], False
+        inputs, refs, baseline_problems, weak, bare = [], [], [], False, True
         for t, seed in enumerate(header["seeds"]):
             args = self.case.make_inputs(shape, seed)
-            ref = _as_tuple(self.case.reference(shape, _clone(args)))
+            returned = self.case.reference(shape, _clone(args))
+            bare = _is_bare(returned)
+            ref = _as_tuple(returned)
             if tol is not None:
                 weak = weak or correctness.is_weak_reference(ref, tol)
                 if header.get("baseline"):
                     baseline_problems += [f"trial {t + 1}: {p}" for p in self._baseline_problems(shape, args, ref, tol)]
             refs.append(_to_cpu(ref))
             inputs.append(_to_cpu(args))
-        return {"baseline_problems": baseline_problems, "weak": weak}, {"inputs": inputs, "reference": refs}
+        return {"baseline_problems": baseline_problems, "weak": weak, "bare": bare}, {"inputs": inputs, "reference": refs}
 
     def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, tol: Any) -> list[str]:
         from pytest_kcoral import correctness
@@ -279,7 +281,7 @@ class _Runner:
         from pytest_kcoral import correctness
 
         shape = header["shape"]
-        outputs, inputs_changed, findings = [], [], []
+        outputs, inputs_changed, findings, bare = [], [], [], []
         for cpu_args in payload["inputs"]:
             # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
             # wrote: a copy made on the device, not a second transfer from the host
@@ -290,10 +292,11 @@ class _Runner:
             out = fn()
             _synchronize(self.device)
             out_tuple, problems = _inspect_outputs(out, args, self.device)
+            bare.append(_is_bare(out))
             findings.append(problems)
             outputs.append(_to_cpu(out_tuple) if not problems else None)
             inputs_changed.append(correctness.changed_inputs(before, args))
-        return {"findings": findings, "inputs_changed": inputs_changed}, {"outputs": outputs}
+        return {"findings": findings, "inputs_changed": inputs_changed, "bare": bare}, {"outputs": outputs}
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(CANDIDATE)
@@ -377,6 +380,11 @@ class _Runner:
 
 def _as_tuple(out: Any) -> tuple:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _is_bare(out: Any) -> bool:
+    """A callable's result is one value, not a tuple or list of them: part of its structure."""
+    return not isinstance(out, (tuple, list))
 
 
 def _clone(args: tuple) -> tuple:

@@ -37,6 +37,18 @@ class Tolerance:
         return (default[0] if self.atol is None else self.atol, default[1] if self.rtol is None else self.rtol)
 
 
+def compare_structure(bare: bool | None, reference_bare: bool | None, count: int, reference_count: int) -> list[str]:
+    """The result's container against the reference's: one value where the reference returns one,
+    a tuple or list (either) where it returns a sequence; ``count`` and ``reference_count`` are
+    their outputs. A drop-in replacement returns what the reference returns: ``[out]`` for ``out``
+    breaks its callers. None: not reported."""
+    if bare is None or reference_bare is None or bare == reference_bare:
+        return []
+    if reference_bare:
+        return [f"returned a tuple or list of {count}, the reference returns a single value"]
+    return [f"returned a single value, the reference returns a tuple or list of {reference_count}"]
+
+
 def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol: Tolerance) -> list[str]:
     """Problems with ``outputs`` against ``reference`` (both tuples of CPU tensors)."""
     if outputs is None:

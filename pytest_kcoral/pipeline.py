@@ -93,6 +93,7 @@ class ReferenceData:
     baseline_correct: bool
     baseline_problems: list[str] = field(default_factory=list)
     weak: bool = False
+    bare: bool | None = None  # the reference returns one value, not a tuple or list; None: not known
 
 
 def derive_seed(session_seed: int, *parts: Any) -> int:
@@ -325,6 +326,7 @@ class LocalExecutor:
             baseline_correct=not baseline_problems,
             baseline_problems=baseline_problems,
             weak=bool(header["weak"]),
+            bare=header.get("bare"),
         )
         self._references[key] = data
         return data
@@ -377,8 +379,11 @@ class LocalExecutor:
         if not _well_formed_changes(changed, len(ref.inputs)):
             raise StageFailed("correctness", f"the candidate's child reported unreadable input changes {str(changed)[:200]} (results forged?)", "correctness")
         problems: list[str] = []
+        bare = header.get("bare") or [None] * len(ref.inputs)
         for t in range(len(ref.inputs)):
             trial = [*header["findings"][t]]
+            if not trial:
+                trial += correctness.compare_structure(bare[t], ref.bare, len(outputs[t] or ()), len(ref.reference[t]))
             if not trial:
                 trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
             trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)

@@ -18,7 +18,8 @@ def reference(a, b):
 """
 
 RULES = {
-    "structure": ("def run(a, b):\n    return a + b, a - b\n", "returned 2 output(s), the reference returns 1"),
+    "structure": ("def run(a, b):\n    return a + b, a - b\n", "returned a tuple or list of 2, the reference returns a single value"),
+    "wrapped": ("def run(a, b):\n    return [a + b]\n", "returned a tuple or list of 1, the reference returns a single value"),
     "dtype": ("def run(a, b):\n    return (a + b).double()\n", "output 0 has dtype torch.float64, expected torch.float32"),
     "shape": ("def run(a, b):\n    return (a + b)[:-1]\n", "output 0 has shape (255,), expected (256,)"),
     "not_a_tensor": ("def run(a, b):\n    return (a + b).tolist()\n", "output 0 is a builtins.float, not a plain torch.Tensor*"),
@@ -93,3 +94,25 @@ def test_comparison_happens_outside_the_candidate_process(make_case, run_kcoral)
     result = run_kcoral("--kcoral-mode", "correctness")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*replaced functions the harness relies on*torch.allclose*"])
+
+
+CASE_RETURNING_A_PAIR = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b, a - b
+"""
+
+
+def test_a_tuple_and_a_list_are_the_same_structure_a_single_value_is_not(make_case, run_kcoral):
+    make_case("cases/pair", CASE_RETURNING_A_PAIR, {
+        "as_list": "def run(a, b):\n    return [a + b, a - b]\n",
+        "single": "def run(a, b):\n    return a + b\n",
+    })
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*cases/pair::single?seen-n=64?*", "*returned a single value, the reference returns a tuple or list of 2"])
