@@ -256,6 +256,19 @@ def test_compare_never_gates_on_pairs_timed_differently(tmp_path):
     assert [r["candidate"] for r in d["not_comparable"]] == ["a"] and d["rows"][0]["old_timed_by"] == ["events"]
 
 
+def test_a_fallback_on_every_pair_names_a_few_and_counts_the_rest(tmp_path):
+    names = [f"c{i}" for i in range(7)]
+    old_path = _save(tmp_path, "old.json", [item(candidate=n, speedup=1.0) for n in names])
+    saved = compare.load_saved_run(old_path)  # timed by wall in the saved run
+    new_items = [item(candidate=n, speedup=1.0) for n in names]
+    timed_by = {(i.case, i.candidate): ("events",) for i in new_items}
+    result = compare.compare_runs(saved, scoring.score(new_items).candidates, 5.0, timed_by=timed_by)
+    (line,) = compare.caveats(result)
+    assert line.startswith("NOT COMPARED 7 pairs, timed by other methods in the two runs: cases/vector_add::c0 (wall then, events now);")
+    assert line.endswith("cases/vector_add::c4 (wall then, events now); and 2 more")
+    assert not result.compared and not result.regressions
+
+
 def test_compare_marks_regressions_the_host_sets(tmp_path):
     old_path = _save(tmp_path, "old.json", [item(candidate="a", speedup=2.0)])
     doc = json.loads(old_path.read_text())
@@ -265,10 +278,10 @@ def test_compare_marks_regressions_the_host_sets(tmp_path):
     (row,) = result.regressions
     assert row.host_set and compare.fmt_change(row) == "2.00x~ -> 1.50x~ (-25.0%)"
     assert compare.caveats(result) == [
-        "~ the host's launch speed sets part of these speedups: rerun before believing a regression there"]
+        "~ the host's speed sets part of these speedups: rerun before believing a regression there"]
     markdown = step_summary.render_markdown(scoring.score([item(candidate="a", speedup=1.5)]), compare=result)
     assert "- `cases/vector_add::a` 2.00x\\~ -> 1.50x\\~ (-25.0%)" in markdown
-    assert "- \\~ the host's launch speed sets part of these speedups" in markdown
+    assert "- \\~ the host's speed sets part of these speedups" in markdown
 
 
 def test_compare_skips_pairs_without_speedup(tmp_path):

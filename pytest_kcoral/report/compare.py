@@ -10,8 +10,8 @@ A comparison is only as good as its two runs are alike, so it says where they ar
   in the other, after a fallback) is *not comparable*: on an H200 the events read the baseline's own
   code at 1.98x where CUPTI read 1.01x (docs/performance.md, session 7). Its change is shown, never
   counted as a regression;
-- a pair whose mean carries ``~`` in either run (``scoring.host_set``: the host's launch speed sets
-  part of it) is marked: the items behind such means moved by up to 25% between two identical runs
+- a pair whose mean carries ``~`` in either run (``scoring.host_set``: the host's speed sets part
+  of it) is marked: the items behind such means moved by up to 25% between two identical runs
   on one host (session 8), so a regression there wants a rerun before it is believed. It still
   counts;
 - runs on different GPU models are named, since speedups move with the GPU.
@@ -29,6 +29,7 @@ from pytest_kcoral.report import HOST_SET_MARK, fmt_speedup, pair_name
 from pytest_kcoral.scoring import CandidateScore
 
 SCHEMA_PREFIX = "pytest-kcoral/"
+NAMED_PAIRS = 5  # pairs a caveat names before it counts the rest
 
 
 class CompareError(Exception):
@@ -228,12 +229,15 @@ def caveats(result: CompareResult) -> list[str]:
     if result.other_gpus:
         lines.append(f"the saved run ran on {', '.join(result.old_gpus)}, this one on {', '.join(result.new_gpus)}:"
                      " speedups move with the GPU")
-    if result.not_comparable:
-        pairs = "; ".join(f"{pair_name(r.case, r.candidate)} ({'+'.join(r.old_timed_by)} then, {'+'.join(r.new_timed_by)} now)"
-                          for r in result.not_comparable)
-        lines.append(f"NOT COMPARED {len(result.not_comparable)} pair{'s' if len(result.not_comparable) != 1 else ''},"
-                     f" timed by other methods in the two runs: {pairs}")
+    rows = result.not_comparable
+    if rows:
+        # after a fallback every pair may differ: name a few, count the rest
+        named = [f"{pair_name(r.case, r.candidate)} ({'+'.join(r.old_timed_by)} then, {'+'.join(r.new_timed_by)} now)"
+                 for r in rows[:NAMED_PAIRS]]
+        more = f"; and {len(rows) - NAMED_PAIRS} more" if len(rows) > NAMED_PAIRS else ""
+        lines.append(f"NOT COMPARED {len(rows)} pair{'s' if len(rows) != 1 else ''},"
+                     f" timed by other methods in the two runs: {'; '.join(named)}{more}")
     if any(r.host_set for r in result.regressions):
-        lines.append(f"{HOST_SET_MARK} the host's launch speed sets part of these speedups: rerun before believing"
+        lines.append(f"{HOST_SET_MARK} the host's speed sets part of these speedups: rerun before believing"
                      " a regression there")
     return lines
