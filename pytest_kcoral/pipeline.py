@@ -70,7 +70,7 @@ class Executor(Protocol):
 
 class StageFailed(Exception):
     """Ends an item: the stage, the phase and one screen of why. ``case_failed``: the case itself
-    failed (its import, inputs or reference, in a process without the candidate)."""
+    failed (its import, inputs, reference or baseline, in a process without the candidate)."""
 
     def __init__(self, stage: str, message: str, phase: str | None = None, *, case_failed: bool = False) -> None:
         super().__init__(message)
@@ -379,7 +379,9 @@ class LocalExecutor:
         if not _well_formed_changes(changed, len(ref.inputs)):
             raise StageFailed("correctness", f"the candidate's child reported unreadable input changes {str(changed)[:200]} (results forged?)", "correctness")
         problems: list[str] = []
-        bare = header.get("bare") or [None] * len(ref.inputs)
+        bare = header.get("bare")
+        if not (isinstance(bare, list) and len(bare) == len(ref.inputs) and all(isinstance(b, bool) for b in bare)):
+            raise StageFailed("correctness", f"the candidate's child reported an unreadable output structure {str(bare)[:200]} (results forged?)", "correctness")
         for t in range(len(ref.inputs)):
             trial = [*header["findings"][t]]
             if not trial:

@@ -74,7 +74,7 @@ class ItemResult:
     baseline_correct: bool | None = None  # the baseline checked against the reference on this shape
     message: str | None = None  # one screen saying why it failed or was skipped
     phase: str | None = None  # phase inside the stage where a process died or timed out
-    # the case itself failed here (its import, inputs or reference), not the candidate; the item
+    # the case itself failed here (its import, inputs, reference or baseline), not the candidate; the item
     # still fails: a candidate able to break its case must not escape a grade by doing so
     case_failed: bool = False
 

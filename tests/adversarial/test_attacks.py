@@ -398,3 +398,14 @@ def test_honest_prepare_with_a_preallocated_output_passes(make_case, run_kcoral)
     src = "import torch\ndef prepare(a, b):\n    out = torch.empty_like(a)\n    return lambda: torch.add(a, b, out=out)\n"
     make_case("cases/add", candidates={"honest": src})
     run_kcoral().assert_outcomes(passed=2)
+
+
+# a forged run reply whose structure report cannot be read: refused, not a crash of the pytest process
+FORGED_STRUCTURE = attacks.FORGED_REPLY_WITH_NONCE.replace('"bare": [True for _ in outputs]', '"bare": "yes"')
+
+
+def test_a_forged_structure_report_is_refused(make_case, run_kcoral):
+    assert FORGED_STRUCTURE != attacks.FORGED_REPLY_WITH_NONCE
+    result = _grade(make_case, run_kcoral, FORGED_STRUCTURE, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: the candidate's child reported an unreadable output structure yes (results forged?)*"])
