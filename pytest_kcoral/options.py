@@ -108,12 +108,18 @@ class Settings:
             raise pytest.UsageError(f"--kcoral-timing-cpu must be auto, off or a core number, not {timing_cpu!r}")
         if timing_cpu.isdigit() and hasattr(os, "sched_getaffinity") and int(timing_cpu) not in os.sched_getaffinity(0):
             raise pytest.UsageError(f"--kcoral-timing-cpu {timing_cpu}: not one of this process's cores {sorted(os.sched_getaffinity(0))}")
+        # absolute: every child works in a private directory of its own, where a relative path
+        # would name nothing
+        submissions = tuple((config.invocation_params.dir / p).resolve() for p in opt("kcoral_submissions"))
+        for given, folder in zip(opt("kcoral_submissions"), submissions):
+            if not folder.is_dir():
+                raise pytest.UsageError(f"--kcoral-submissions {given}: no such directory ({folder})")
         cpu_threads = opt("kcoral_cpu_threads")
         if cpu_threads is not None and cpu_threads < 1:
             raise pytest.UsageError(f"--kcoral-cpu-threads must be at least 1, not {cpu_threads}")
         return cls(
             mode=opt("kcoral_mode"),
-            submissions=tuple(Path(p) for p in opt("kcoral_submissions")),
+            submissions=submissions,
             trials=opt("kcoral_trials"),
             timeout_s=opt("kcoral_timeout"),
             min_speedup=opt("kcoral_min_speedup"),

@@ -162,12 +162,20 @@ def test_submissions_single_file_and_attempts(pytester, make_case, run_kcoral):
     (subs / "team-b" / "add").mkdir(parents=True)
     (subs / "team-b" / "add" / "try1.py").write_text("def run(a, b):\n    return a - b\n")
     (subs / "team-b" / "add" / "try2.py").write_text("def run(a, b):\n    return b + a\n")
-    result = run_kcoral("cases", "--kcoral-submissions", str(subs), "--kcoral-mode", "correctness", "-v", "-m", "seen")
+    # a relative path, as users type it: each child works in a private directory of its own
+    result = run_kcoral("cases", "--kcoral-submissions", "subs", "--kcoral-mode", "correctness", "-v", "-m", "seen")
     result.stdout.fnmatch_lines([
         "*cases/add::team-a[[]seen-n=256[]] PASSED*",
         "*cases/add::team-b/try1[[]seen-n=256[]] FAILED*",
         "*cases/add::team-b/try2[[]seen-n=256[]] PASSED*",
     ])
+
+
+def test_a_missing_submissions_folder_is_a_usage_error(make_case, run_kcoral):
+    make_case("cases/add")
+    result = run_kcoral("cases", "--kcoral-submissions", "subs")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kcoral-submissions subs: no such directory (*subs)*"])
 
 
 @pytest.mark.parametrize(
