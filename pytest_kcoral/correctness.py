@@ -12,6 +12,7 @@ half types); only a failure pays for the float64 diagnosis that finds the worst 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -58,8 +59,7 @@ def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol
     problems: list[str] = []
     for i, (out, ref) in enumerate(zip(outputs, reference)):
         if not isinstance(ref, torch.Tensor):
-            if out != ref:
-                problems.append(f"output {i} is {out!r}, expected {ref!r}")
+            problems.extend(_compare_plain(i, out, ref, tol))
             continue
         if not isinstance(out, torch.Tensor):
             problems.append(f"output {i} is a {type(out).__name__}, expected a tensor")
@@ -72,6 +72,20 @@ def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol
             continue
         problems.extend(_compare_values(i, out, ref, tol))
     return problems
+
+
+def _compare_plain(i: int, out: Any, ref: Any, tol: Tolerance) -> list[str]:
+    """An output the reference returns as a plain Python value: the same type, equal, or for a
+    float within the case's tolerance (fp32's by default: such a float usually comes from
+    ``.item()`` on a float32 tensor)."""
+    if type(out) is not type(ref):
+        return [f"output {i} is {type(out).__name__} {out!r:.60}, expected {type(ref).__name__} {ref!r:.60}"]
+    if isinstance(ref, float) and not (math.isnan(ref) and math.isnan(out)):
+        atol, rtol = tol.for_dtype(torch.float32)
+        if not abs(out - ref) <= atol + rtol * abs(ref):
+            return [f"output {i} is {out!r}, expected {ref!r} (atol {atol:g} + rtol {rtol:g} x |ref|)"]
+        return []
+    return [f"output {i} is {out!r:.60}, expected {ref!r:.60}"] if out != ref else []
 
 
 def _index(flat_index: int, shape: torch.Size) -> tuple[int, ...]:

@@ -22,7 +22,8 @@ RULES = {
     "wrapped": ("def run(a, b):\n    return [a + b]\n", "returned a tuple or list of 1, the reference returns a single value"),
     "dtype": ("def run(a, b):\n    return (a + b).double()\n", "output 0 has dtype torch.float64, expected torch.float32"),
     "shape": ("def run(a, b):\n    return (a + b)[:-1]\n", "output 0 has shape (255,), expected (256,)"),
-    "not_a_tensor": ("def run(a, b):\n    return (a + b).tolist()\n", "output 0 is a builtins.float, not a plain torch.Tensor*"),
+    "not_a_tensor": ("def run(a, b):\n    return (a + b).cpu().numpy()\n", "output 0 is a numpy.ndarray, not a plain torch.Tensor*"),
+    "number_for_a_tensor": ("def run(a, b):\n    return float((a + b).sum())\n", "output 0 is a float, expected a tensor"),
     "subclass": (
         "import torch\nclass Lazy(torch.Tensor):\n    pass\ndef run(a, b):\n    return (a + b).as_subclass(Lazy)\n",
         "output 0 is a kcoral_candidate.Lazy, not a plain torch.Tensor (subclasses and lazy objects are refused)",
@@ -116,3 +117,33 @@ def test_a_tuple_and_a_list_are_the_same_structure_a_single_value_is_not(make_ca
     result = run_kcoral("--kcoral-mode", "correctness")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*cases/pair::single?seen-n=64?*", "*returned a single value, the reference returns a tuple or list of 2"])
+
+
+CASE_RETURNING_NUMBERS = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return x * 2, x.numel(), float(x.double().sum())
+"""
+
+
+def test_plain_numbers_in_the_output_are_compared_by_type_and_value(make_case, run_kcoral):
+    make_case("cases/numbers", CASE_RETURNING_NUMBERS, {
+        "exact": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum())\n",
+        "float32_sum": "def run(x):\n    return x * 2, x.numel(), x.sum().item()\n",  # within fp32's tolerance
+        "wrong_count": "def run(x):\n    return x * 2, x.numel() + 1, float(x.double().sum())\n",
+        "count_as_float": "def run(x):\n    return x * 2, float(x.numel()), float(x.double().sum())\n",
+        "sum_off": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()) + 1.0\n",
+    })
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=2, failed=3)
+    result.stdout.fnmatch_lines(["*cases/numbers::exact?seen-n=64? PASSED*"], consecutive=False)
+    out = result.stdout.str()
+    assert "cases/numbers::float32_sum[seen-n=64] PASSED" in out
+    assert "trial 1 of 3: output 1 is 65, expected 64" in out
+    assert "trial 1 of 3: output 1 is float 64.0, expected int 64" in out
+    assert "expected" in out and "(atol 0.0001 + rtol 0.0001 x |ref|)" in out
