@@ -151,7 +151,7 @@ class CandidateRuntime:
         if self.entry == "prepare":
             fn = self.module.prepare(*args)
             if not callable(fn):
-                raise CandidateError(f"{self.path}: prepare() returned a {type(fn).__name__}, not a callable")
+                raise CandidateError(f"{self.path}: prepare() returned {type(fn).__name__} {fn!r:.60}, not a callable")
             return fn
         if self.entry == "custom_kernel":
             # GPU MODE passes what its generate_input returned: the tensor itself for one input,
