@@ -210,3 +210,46 @@ def test_unreachable_url_is_a_usage_error_naming_it(make_case, run_kcoral):
     result = run_kcoral("--kcoral-url", url)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--kcoral-url {url}: cannot reach the KCoral server: TransportError:*"])
+
+
+NUMBERS_CASE = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return x * 2, x.numel()
+"""
+
+BROKEN_REFERENCE_CASE = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    raise ValueError("reference bug")
+"""
+
+
+def test_remote_checks_structure_and_numbers_and_names_a_failed_case(make_case, run_kcoral, pytester, kcoral_url):
+    make_case("cases/numbers", NUMBERS_CASE, {
+        "good": "def run(x):\n    return x * 2, x.numel()\n",
+        "off_by_one": "def run(x):\n    return [x * 2, x.numel() + 1]\n",  # a list for a tuple is fine; the count is not
+        "single": "def run(x):\n    return x * 2\n",
+    })
+    make_case("cases/broken", BROKEN_REFERENCE_CASE, {"any": "def run(x):\n    return x\n"})
+    common = ("--kcoral-mode", "correctness", "--kcoral-seed", "5")
+    run_kcoral(*common, "--kcoral-json", "local.json").assert_outcomes(passed=1, failed=3)
+    remote = run_kcoral(*common, "--kcoral-url", kcoral_url, "--kcoral-json", "remote.json")
+    remote.assert_outcomes(passed=1, failed=3)
+    remote.stdout.fnmatch_lines(["CASE FAILED cases/broken on seen n=64, every candidate failing there: ValueError: reference bug"])
+    local, remote_items = _items(pytester.path / "local.json"), _items(pytester.path / "remote.json")
+    assert "output 1 is 65, expected 64" in remote_items["cases/numbers::off_by_one[seen-n=64]"]["message"]
+    assert "returned a single value, the reference returns a tuple or list of 2" in remote_items["cases/numbers::single[seen-n=64]"]["message"]
+    assert remote_items["cases/broken::any[seen-n=64]"]["case_failed"] is True
+    for nodeid, item in local.items():  # the first lines: a traceback names the server's copy of the case
+        assert remote_items[nodeid]["message"].splitlines()[0] == item["message"].splitlines()[0], nodeid
