@@ -252,4 +252,4 @@ def test_remote_checks_structure_and_numbers_and_names_a_failed_case(make_case, 
     assert "returned a single value, the reference returns a tuple or list of 2" in remote_items["cases/numbers::single[seen-n=64]"]["message"]
     assert remote_items["cases/broken::any[seen-n=64]"]["case_failed"] is True
     for nodeid, item in local.items():  # the first lines: a traceback names the server's copy of the case
-        assert remote_items[nodeid]["message"].splitlines()[0] == item["message"].splitlines()[0], nodeid
+        assert (remote_items[nodeid]["message"] or "").split("\n")[0] == (item["message"] or "").split("\n")[0], nodeid
