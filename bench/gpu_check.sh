@@ -5,7 +5,7 @@
 # Parts: tests (GPU tests and GPU attacks, ~3.5 min), noise (process noise, ~1.5 min), self
 # (self-speedup of every bundled case, ~3 min), events (the events' own cost, ~10 s), scaling (the
 # seen shapes of every bundled case with 1, 1 again, 2 and 4 workers; two GPUs; ~9 min: a call of
-# its own).
+# its own), drift (the short-kernel cases with 1 and 2 workers at the default budget, ~2 min).
 # pytest gets SIGINT at its time limit, so it still prints which tests failed and why.
 # No part named: tests, noise and self. Logs and JSON artifacts land in the given folder.
 set -uo pipefail
@@ -45,6 +45,13 @@ for part in $parts; do
             -- cases -m seen > "$out/scaling.log" 2>&1
         cat "$out/scaling.log"
         tar czf "$out/scaling_json.tgz" -C /tmp/kcoral-scaling . 2>/dev/null ;;
-    *) echo "unknown part: $part (tests, noise, self, events, scaling)" >&2 ;;
+    drift)  # do the short kernels that move between runs at the bench's 0.1 s budget hold still at the
+            # default 1.0 s? (issue 4's drift; session 8: every unmarked mover was a 1-4 us kernel; ~2 min)
+        timeout 300 python3 bench/scaling.py --workers 1,2 --budget 1.0 --out /tmp/kcoral-drift \
+            -- cases -m seen -k "vector_add or kcoral_relu or layer_norm" > "$out/drift.log" 2>&1
+        cat "$out/drift.log"
+        python3 bench/compare_runs.py /tmp/kcoral-drift/scaling_0_n1.json /tmp/kcoral-drift/scaling_1_n2.json \
+            | tee "$out/drift_compare.log" ;;
+    *) echo "unknown part: $part (tests, noise, self, events, scaling, drift)" >&2 ;;
     esac
 done
