@@ -188,6 +188,8 @@ def test_benchmark_returns_the_documented_keys() -> None:
     assert positional["median_us"] >= 1000
     with pytest.raises(TypeError):
         pytest_kcoral.benchmark(lambda x: x, 1, input_sets=[(1,)])
+    with pytest.raises(TypeError, match="fn must be callable, got float 3.5"):
+        pytest_kcoral.benchmark(3.5)  # the result of a call, not the function
 
 
 def test_patching_perf_counter_after_import_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

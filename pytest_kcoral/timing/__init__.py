@@ -435,6 +435,8 @@ def benchmark(
     call order) plus KCoral's ``latency_ms_median``, ``latency_ms_min``
     and ``latency_ms_iqr``.
     """
+    if not callable(fn):
+        raise TypeError(f"benchmark(fn, ...): fn must be callable, got {type(fn).__name__} {fn!r:.60}")
     sets = [tuple(s) for s in input_sets] if input_sets is not None else [tuple(args)]
     if input_sets is not None and args:
         raise TypeError("pass the inputs either as positional arguments or as input_sets, not both")
