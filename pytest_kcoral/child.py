@@ -219,25 +219,29 @@ class _Runner:
         """Inputs and the reference's outputs for each seed. With ``tolerance`` ([atol, rtol,
         strict]) also the verdicts that need nothing from a candidate, reached here on the device
         so the tensors they read never cross the wire: the baseline's problems against the
-        reference (with ``baseline``) and whether the reference is weak."""
+        reference (with ``baseline``), whether the reference is weak, and whether it is unsteady
+        (a second call on the first input set disagrees with the first call)."""
         from pytest_kcoral import correctness
 
         self._require(TRUSTED)
         shape = header["shape"]
         tol = correctness.Tolerance(*header["tolerance"]) if header.get("tolerance") else None
-        inputs, refs, baseline_problems, weak, bare = [], [], [], False, True
+        inputs, refs, baseline_problems, weak, bare, unsteady = [], [], [], False, True, []
         for t, seed in enumerate(header["seeds"]):
             args = self.case.make_inputs(shape, seed)
             returned = self.case.reference(shape, _clone(args))
             bare = _is_bare(returned)
             ref = _as_tuple(returned)
             if tol is not None:
+                if t == 0:  # no candidate can match a reference that answers one input two ways
+                    unsteady = correctness.compare_outputs(_as_tuple(self.case.reference(shape, _clone(args))), ref, tol)
                 weak = weak or correctness.is_weak_reference(ref, tol)
                 if header.get("baseline"):
                     baseline_problems += [f"trial {t + 1}: {p}" for p in self._baseline_problems(shape, args, ref, tol)]
             refs.append(_to_cpu(ref))
             inputs.append(_to_cpu(args))
-        return {"baseline_problems": baseline_problems, "weak": weak, "bare": bare}, {"inputs": inputs, "reference": refs}
+        reply = {"baseline_problems": baseline_problems, "weak": weak, "bare": bare, "unsteady": unsteady[:3]}
+        return reply, {"inputs": inputs, "reference": refs}
 
     def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, tol: Any) -> list[str]:
         from pytest_kcoral import correctness

@@ -319,6 +319,9 @@ class LocalExecutor:
             trusted, "reference", "reference", shape=shape.params, seeds=seeds, device=device,
             baseline=case.has_baseline and case.format != KERNELBENCH, tolerance=[tol.atol, tol.rtol, tol.strict],
         )
+        if header.get("unsteady"):
+            raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference is not deterministic: a second call on"
+                              " the same inputs gave " + "; ".join(header["unsteady"]), "reference", case_failed=True)
         baseline_problems = list(header["baseline_problems"])
         data = ReferenceData(
             inputs=payload["inputs"],

@@ -153,6 +153,28 @@ def reference(x):
     assert {c["case"]: c["case_failed_shapes"] for c in doc["cases"]} == {"cases/add": [], "cases/bad_ref": ["n=64"]}
 
 
+def test_a_reference_that_is_not_deterministic_is_the_cases_failure(make_case, run_kcoral):
+    unsteady = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return x + torch.randn_like(x)  # noise drawn at every call: no candidate can match it
+"""
+    make_case("cases/noisy", unsteady, {"same": "import torch\ndef run(x):\n    return x + torch.randn_like(x)\n"})
+    make_case("cases/add", candidates={"good": GOOD})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*kcoral correctness failed in phase 'reference': the case itself failed (not the candidate): its reference is"
+        " not deterministic: a second call on the same inputs gave output 0: *",
+        "CASE FAILED cases/noisy on seen n=64, every candidate failing there: its reference is not deterministic*",
+    ])
+
+
 def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral, pytester):
     make_case("cases/add", DISAGREEING_BASELINE, {"good": GOOD})
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
