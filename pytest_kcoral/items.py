@@ -3,12 +3,13 @@ is an item whose ``runtest`` hands the work to the session's executor."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable
 
 import pytest
 
 from pytest_kcoral.candidates import Candidate, find_candidates
-from pytest_kcoral.cases import Case, CaseError, Shape, load_case
+from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case
 from pytest_kcoral.pipeline import ItemSpec
 from pytest_kcoral.results import ItemResult
 from pytest_kcoral.scoring import host_set
@@ -38,6 +39,11 @@ class CaseDirectory(pytest.Directory):
             raise self.CollectError(str(exc)) from None
         settings = self.config.stash[settings_key]
         candidates = find_candidates(case, settings.submissions)
+        if not candidates and not settings.submissions:
+            # a first case without its candidates/ folder would otherwise grade nothing in silence
+            # (with --kcoral-submissions, a case nobody submitted for is expected)
+            message = f"{case.case_id}: no candidates to grade (no .py files in {_candidate_folder(case)})"
+            warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
         # shape by shape: a shape's items sit next to each other, so xdist, which hands out
         # consecutive items in chunks, tends to give them to one worker, and that worker's
         # reference data for the shape (computed under the lease) serves all of them
@@ -46,6 +52,10 @@ class CaseDirectory(pytest.Directory):
                 yield KernelItem.from_parent(
                     self, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate, shape=shape
                 )
+
+
+def _candidate_folder(case: Case) -> str:
+    return f"{case.case_id}/" if case.format == KCORAL_BENCH else f"{case.case_id}/candidates/"
 
 
 class KernelItem(pytest.Item):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import pytest
@@ -169,6 +170,16 @@ def test_submissions_single_file_and_attempts(pytester, make_case, run_kcoral):
         "*cases/add::team-b/try1[[]seen-n=256[]] FAILED*",
         "*cases/add::team-b/try2[[]seen-n=256[]] PASSED*",
     ])
+
+
+def test_a_case_without_candidates_says_so(make_case, run_kcoral):
+    shutil.rmtree(make_case("cases/lonely") / "candidates")
+    make_case("cases/add")
+    result = run_kcoral("-m", "seen", "--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*cases/lonely/case.py:1: PytestWarning: cases/lonely: no candidates to grade"
+                                 " (no .py files in cases/lonely/candidates/)"])
+    assert "cases/add: no candidates" not in result.stdout.str()
 
 
 def test_a_missing_submissions_folder_is_a_usage_error(make_case, run_kcoral):
