@@ -60,7 +60,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--kcoral-timing-cpu", default="auto", metavar="auto|off|N",
                     help="CPU core that GPU timing (baseline and candidate alike) runs on: auto picks one per GPU")
     group.addoption("--kcoral-cpu-threads", type=int, default=None, metavar="N",
-                    help="torch CPU threads of each process (pytest and children); default: a share of the cores per worker")
+                    help="Torch CPU threads of each process (pytest and children); default: a share of the cores per worker")
 
 
 @dataclass(frozen=True)
