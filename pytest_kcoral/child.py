@@ -415,13 +415,13 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-_PLAIN_SCALARS = (int, float, bool)  # exact types: a subclass could compare equal to anything
+_PLAIN_SCALARS = (int, float, bool, type(None))  # exact types: a subclass could compare equal to anything
 
 
 def _inspect_outputs(out: Any, args: tuple, device: str) -> tuple[tuple, list[str]]:
     """Checks that need the live objects: plain dense tensors, on the device, not aliasing inputs.
-    Plain Python numbers pass through (a reference may return a count or a scalar); the pytest
-    process compares them with the reference's."""
+    Plain Python numbers and None pass through (a reference may return a count, a scalar or an
+    empty slot); the pytest process compares them with the reference's."""
     import torch
 
     problems = []

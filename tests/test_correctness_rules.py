@@ -127,23 +127,25 @@ def make_inputs(shape, device):
     return (torch.randn(shape["n"], device=device),)
 
 def reference(x):
-    return x * 2, x.numel(), float(x.double().sum())
+    return x * 2, x.numel(), float(x.double().sum()), None
 """
 
 
 def test_plain_numbers_in_the_output_are_compared_by_type_and_value(make_case, run_kcoral):
     make_case("cases/numbers", CASE_RETURNING_NUMBERS, {
-        "exact": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum())\n",
-        "float32_sum": "def run(x):\n    return x * 2, x.numel(), x.sum().item()\n",  # within fp32's tolerance
-        "wrong_count": "def run(x):\n    return x * 2, x.numel() + 1, float(x.double().sum())\n",
-        "count_as_float": "def run(x):\n    return x * 2, float(x.numel()), float(x.double().sum())\n",
-        "sum_off": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()) + 1.0\n",
+        "exact": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()), None\n",
+        "float32_sum": "def run(x):\n    return x * 2, x.numel(), x.sum().item(), None\n",  # within fp32's tolerance
+        "wrong_count": "def run(x):\n    return x * 2, x.numel() + 1, float(x.double().sum()), None\n",
+        "count_as_float": "def run(x):\n    return x * 2, float(x.numel()), float(x.double().sum()), None\n",
+        "sum_off": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()) + 1.0, None\n",
+        "zero_for_none": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()), 0\n",
     })
     result = run_kcoral("--kcoral-mode", "correctness", "-v")
-    result.assert_outcomes(passed=2, failed=3)
+    result.assert_outcomes(passed=2, failed=4)
     result.stdout.fnmatch_lines(["*cases/numbers::exact?seen-n=64? PASSED*"], consecutive=False)
     out = result.stdout.str()
     assert "cases/numbers::float32_sum[seen-n=64] PASSED" in out
     assert "trial 1 of 3: output 1 is 65, expected 64" in out
     assert "trial 1 of 3: output 1 is float 64.0, expected int 64" in out
     assert "expected" in out and "(atol 0.0001 + rtol 0.0001 x |ref|)" in out
+    assert "trial 1 of 3: output 3 is int 0, expected NoneType None" in out
