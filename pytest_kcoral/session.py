@@ -148,7 +148,8 @@ class KcoralSession:
             try:
                 self.json_written = str(json_artifact.write_atomically(settings.json_path, doc))
             except OSError as exc:
-                sys.stderr.write(f"pytest-kcoral: cannot write {settings.json_path}: {exc}\n")
+                # on a line of its own: the progress line may still be open on stdout
+                sys.stderr.write(f"\npytest-kcoral: cannot write {settings.json_path}: {exc}\n")
                 if session.exitstatus == pytest.ExitCode.OK:
                     session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         summary_file = step_summary.step_summary_path()
@@ -158,7 +159,7 @@ class KcoralSession:
                     summary_file,
                     step_summary.render_markdown(scores, partial=self.partial, compare=self.compare_result))
             except OSError as exc:
-                sys.stderr.write(f"pytest-kcoral: cannot append to ${step_summary.ENV_VAR} {summary_file}: {exc}\n")
+                sys.stderr.write(f"\npytest-kcoral: cannot append to ${step_summary.ENV_VAR} {summary_file}: {exc}\n")
         if self.compare_result is not None and self.compare_result.regressions:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED

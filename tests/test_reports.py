@@ -600,3 +600,11 @@ def test_cases_that_failed_by_themselves_are_named_in_every_report():
     assert {c.candidate: (c.correct_seen, c.aka_score) for c in scores.candidates if c.case == "cases/c"} == {
         "x": (False, 20.0), "y": (False, 20.0)}
     assert not scoring.score(fixed_items()).failed_cases
+
+
+def test_an_unwritable_json_path_is_said_and_fails_the_session(fake_suite: pytest.Pytester):
+    (fake_suite.path / "a_file").write_text("not a folder")
+    result = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2", "--kcoral-json", "a_file/out.json")
+    result.assert_outcomes(passed=5, deselected=3)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR  # every item passed, but a missing artifact must not pass CI
+    result.stderr.re_match_lines([r"^pytest-kcoral: cannot write a_file/out.json: .*"])
