@@ -49,6 +49,18 @@ def lease_overlaps(doc: dict[str, Any]) -> int:
     return overlaps
 
 
+def speedup_pairs(base: dict[str, dict[str, Any]], items: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(reference run's item, this run's item) for every item with a speedup in both runs;
+    ``base`` maps node ids to the reference run's items."""
+    return [(base[i["nodeid"]], i) for i in items
+            if i.get("speedup") and i["nodeid"] in base and base[i["nodeid"]].get("speedup")]
+
+
+def speedup_change(ref: dict[str, Any], item: dict[str, Any]) -> float:
+    """The relative change of an item's speedup against the reference run's (+0.05: 5% higher)."""
+    return item["speedup"] / ref["speedup"] - 1
+
+
 def describe_changes(changes: list[float], sep: str = " | ") -> str:
     """Median relative change, the share within 2% and the largest change, as table cells (or one
     cell's parts)."""

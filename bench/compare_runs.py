@@ -14,20 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-from _grade import describe_changes, graded_items, host_set
+from _grade import describe_changes, graded_items, host_set, speedup_change, speedup_pairs
 
 SHORT_US = 5.0  # below this, a 2% change is a few CUPTI timestamp steps
-
-
-def _pairs(first: dict[str, dict[str, Any]], other: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    return [(first[i["nodeid"]], i) for i in other
-            if i.get("speedup") and i["nodeid"] in first and first[i["nodeid"]].get("speedup")]
-
-
-def _change(ref: dict[str, Any], item: dict[str, Any]) -> float:
-    return item["speedup"] / ref["speedup"] - 1
 
 
 def main() -> None:
@@ -46,17 +36,17 @@ def main() -> None:
         "marked ~": lambda ref: ref["nodeid"] in marked,
     }
     for path in args.runs[1:]:
-        pairs = _pairs(first, graded_items(json.loads(path.read_text())))
+        pairs = speedup_pairs(first, graded_items(json.loads(path.read_text())))
         print(f"{path} against {args.runs[0]}\n")
         print("| items | median change | within 2% | max change |\n|---|---|---|---|")
         for name, belongs in groups.items():
-            print(f"| {name} | {describe_changes([abs(_change(r, i)) for r, i in pairs if belongs(r)])} |")
-        movers = sorted(((r, i) for r, i in pairs if r["nodeid"] not in marked and abs(_change(r, i)) > 0.02),
-                        key=lambda pair: -abs(_change(*pair)))
+            print(f"| {name} | {describe_changes([abs(speedup_change(r, i)) for r, i in pairs if belongs(r)])} |")
+        movers = sorted(((r, i) for r, i in pairs if r["nodeid"] not in marked and abs(speedup_change(r, i)) > 0.02),
+                        key=lambda pair: -abs(speedup_change(*pair)))
         if movers:
             print("\n| unmarked item moved > 2% | change | baseline us | baseline moved ns | candidate moved ns |\n|---|---|---|---|---|")
         for r, i in movers:
-            print(f"| {r['nodeid']} | {_change(r, i) * 100:+.1f}% | {r['t_baseline_us']:.2f} | "
+            print(f"| {r['nodeid']} | {speedup_change(r, i) * 100:+.1f}% | {r['t_baseline_us']:.2f} | "
                   f"{(i['t_baseline_us'] - r['t_baseline_us']) * 1e3:+.0f} | {(i['t_candidate_us'] - r['t_candidate_us']) * 1e3:+.0f} |")
         print()
 

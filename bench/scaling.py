@@ -22,22 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _grade import describe_changes, grade, graded_items, host_set, lease_overlaps
+from _grade import describe_changes, grade, graded_items, host_set, lease_overlaps, speedup_change, speedup_pairs
 
 LONG_US = 20.0  # baselines at least this long are GPU-bound in the bundled cases (docs/performance.md)
 
 
 def _changes(items: list[dict[str, Any]], base: dict[str, dict[str, Any]], only: str = "") -> list[float]:
     out = []
-    for i in items:
-        ref = base.get(i["nodeid"])
-        if not (i.get("speedup") and ref and ref.get("speedup")):
-            continue
+    for ref, i in speedup_pairs(base, items):
         if only == "long" and (ref.get("t_baseline_us") or 0.0) < LONG_US:
             continue
         if only == "gpu" and host_set(ref):
             continue
-        out.append(abs(i["speedup"] / ref["speedup"] - 1))
+        out.append(abs(speedup_change(ref, i)))
     return out
 
 

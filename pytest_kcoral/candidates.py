@@ -39,11 +39,15 @@ def _py_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".py" and not p.name.startswith("_"))
 
 
+def bundled_folder(case: Case) -> Path:
+    """Where a case keeps its own candidates: ``candidates/``, or beside a KCoral ``bench.py``."""
+    return case.folder if case.format == KCORAL_BENCH else case.folder / "candidates"
+
+
 def _bundled(case: Case) -> list[Candidate]:
+    files = _py_files(bundled_folder(case))
     if case.format == KCORAL_BENCH:
-        files = [p for p in _py_files(case.folder) if p.name not in _BENCH_CASE_FILES]
-    else:
-        files = _py_files(case.folder / "candidates")
+        files = [p for p in files if p.name not in _BENCH_CASE_FILES]
     return [Candidate(p.stem, p) for p in files]
 
 

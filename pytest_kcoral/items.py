@@ -8,8 +8,8 @@ from typing import Any, Iterable
 
 import pytest
 
-from pytest_kcoral.candidates import Candidate, find_candidates
-from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case
+from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
+from pytest_kcoral.cases import Case, CaseError, Shape, load_case
 from pytest_kcoral.pipeline import ItemSpec
 from pytest_kcoral.results import ItemResult
 from pytest_kcoral.scoring import host_set
@@ -42,7 +42,9 @@ class CaseDirectory(pytest.Directory):
         if not candidates and not settings.submissions:
             # a first case without its candidates/ folder would otherwise grade nothing in silence
             # (with --kcoral-submissions, a case nobody submitted for is expected)
-            message = f"{case.case_id}: no candidates to grade (no .py files in {_candidate_folder(case)})"
+            folder = bundled_folder(case)
+            shown = case.case_id if folder == case.folder else f"{case.case_id}/{folder.name}"
+            message = f"{case.case_id}: no candidates to grade (no .py files in {shown}/)"
             warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
         # shape by shape: a shape's items sit next to each other, so xdist, which hands out
         # consecutive items in chunks, tends to give them to one worker, and that worker's
@@ -52,10 +54,6 @@ class CaseDirectory(pytest.Directory):
                 yield KernelItem.from_parent(
                     self, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate, shape=shape
                 )
-
-
-def _candidate_folder(case: Case) -> str:
-    return f"{case.case_id}/" if case.format == KCORAL_BENCH else f"{case.case_id}/candidates/"
 
 
 class KernelItem(pytest.Item):
