@@ -29,7 +29,8 @@ from typing import Any
 from pytest_kcoral import child, leftovers, protocol
 
 # Imported once by the template so children start warm. Missing ones are skipped by forkserver.
-TEMPLATE_PRELOAD = ["pytest_kcoral.template", "torch", "triton", "triton.language", "pytest_kcoral.child", "pytest_kcoral.case_runtime", "pytest_kcoral.timing"]
+TEMPLATE_PRELOAD = ["pytest_kcoral.template", "torch", "triton", "triton.language", "pytest_kcoral.child", "pytest_kcoral.case_runtime", "pytest_kcoral.timing",
+                    "pytest_kcoral.timing.preload"]
 
 _OUTPUT_HEAD_BYTES = 4 << 10
 _OUTPUT_TAIL_BYTES = 16 << 10

@@ -167,6 +167,25 @@ def test_template_preload_never_touches_cuda():
     assert out.strip() == "[]", f"the template's imports called torch.cuda: {out}"
 
 
+def test_template_preload_survives_a_broken_cupti(tmp_path):
+    """The template loads cupti-python once for every child (``timing/preload.py``). A cupti that
+    fails to load in another way than ImportError (a missing libcupti raises OSError) must not
+    take the template down: the children would all fail at start-up, and on a CPU run nobody
+    asked for CUPTI at all."""
+    import subprocess
+    import sys
+
+    broken = tmp_path / "cupti"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("")
+    (broken / "cupti.py").write_text("raise OSError('libcupti.so.13: cannot open shared object file')\n")
+    probe = "import pytest_kcoral.timing.preload, sys; print('cupti.cupti' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"  # the broken module was tried (it is on the path) and left out
+
+
 # What a conftest sees when collection is over and no item has run yet: the template's pid, if any.
 _TEMPLATE_PROBE = """
 import os
