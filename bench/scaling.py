@@ -17,6 +17,7 @@ speed moves the others between any two runs. Each run's rows print as soon as it
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -91,6 +92,16 @@ def main() -> None:
         wait = sum(i.get("lease_wait_ms") or 0.0 for i in items) / 1e3
         print(f"| {k + 1} | {n} | " + " | ".join(f"{v:.1f}" for v in sums) + f" | {held:.1f} | {wait:.1f} | "
               + " | ".join(f"{v:.1f}" for v in window) + " |")
+
+    # what the devices could not share: each one's idle time inside the runs' lease window, between
+    # its leases (the next item's compile, outside the lease) and before its first or after its
+    # last lease (xdist's hand-out leaving one worker with a queue while the other runs dry)
+    print("\n| run | device | leases | held s | idle between leases s | idle before its first s | idle after its last s |")
+    print("|---|---|---|---|---|---|---|")
+    for k, n, _, _ in phase_rows:
+        doc = json.loads((out / f"scaling_{k}_n{n}.json").read_text())
+        for device, row in device_idle(doc).items():
+            print(f"| {k + 1} | {device} | {row['leases']} | " + " | ".join(f"{row[key]:.1f}" for key in ("held_s", "between_s", "before_s", "after_s")) + " |")
     print(f"\nartifacts in {out}")
 
 
@@ -99,6 +110,27 @@ def _timed_by(doc: dict[str, Any]) -> str:
     from pytest_kcoral.report import fmt_methods
 
     return fmt_methods(doc.get("timers", {}).get("methods", {})) or "-"
+
+
+def device_idle(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per device, inside the run's lease window (first lease of any device to last release):
+    its leases, seconds held, and seconds idle between its leases, before its first, after its last."""
+    leases = doc.get("lease_history", [])
+    if not leases:
+        return {}
+    start = min(lease["t_acquired"] for lease in leases)
+    end = max(lease["t_released"] for lease in leases)
+    rows = {}
+    for device in sorted({lease["device"] for lease in leases}):
+        mine = sorted((lease for lease in leases if lease["device"] == device), key=lambda lease: lease["t_acquired"])
+        rows[device] = {
+            "leases": len(mine),
+            "held_s": sum(lease["t_released"] - lease["t_acquired"] for lease in mine),
+            "between_s": sum(max(0.0, b["t_acquired"] - a["t_released"]) for a, b in zip(mine, mine[1:])),
+            "before_s": mine[0]["t_acquired"] - start,
+            "after_s": end - mine[-1]["t_released"],
+        }
+    return rows
 
 
 def _lease_window(doc: dict[str, Any], started: float, ended: float) -> tuple[float, float, float]:
