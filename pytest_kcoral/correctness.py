@@ -25,6 +25,12 @@ DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1e-2, 1e-2),
 }
+# fp8 outputs: one unit in the last place (rtol = the format's epsilon), and near zero one step of
+# its smallest normal number: two correct kernels that round an fp32 value differently differ by one
+for _name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"):
+    _fp8 = getattr(torch, _name, None)  # absent from older torch builds
+    if _fp8 is not None:
+        DEFAULT_TOLERANCES[_fp8] = (torch.finfo(_fp8).smallest_normal, torch.finfo(_fp8).eps)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,11 @@ def _compare_values(i: int, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance
             first = int(bad.flatten().nonzero()[0])
             return [f"output {i}: {int(bad.sum())} of {ref.numel()} elements differ (exact match required for {ref.dtype}); first at index {_index(first, ref.shape)}"]
         return []
+    if ref.is_complex():
+        # compared as (real, imaginary) pairs, each within the tolerance of the parts' dtype: a
+        # cast to a real dtype would drop the imaginary part. An index gains a last position,
+        # 0 for the real part and 1 for the imaginary.
+        out, ref = torch.view_as_real(out.detach().resolve_conj()), torch.view_as_real(ref.detach().resolve_conj())
     atol, rtol = tol.for_dtype(ref.dtype)
     if not tol.strict and _all_close(out, ref, atol, rtol):
         return []
@@ -132,25 +143,33 @@ def _compare_values(i: int, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance
                 f"output {i}: max abs error {max_abs:.3g} (atol {atol:g}), max rel error {max_rel:.3g} (rtol {rtol:g}) "
                 f"under --kcoral-tolerance strict; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
             )
-        if special_mismatch.any():
-            problems.append(f"output {i}: {int(special_mismatch.sum())} elements differ where the reference is NaN/Inf")
+        problems += _special_mismatch(i, special_mismatch, o, r, ref.shape)
         return problems
-    bad = (diff > atol + rtol * r.abs()) | special_mismatch
-    if not bad.any():
+    bad = (diff > atol + rtol * r.abs()) & ref_finite
+    problems = []
+    if bad.any():
+        n_bad = int(bad.sum())
+        worst = int(torch.where(bad, diff, torch.full_like(diff, -1.0)).argmax())
+        problems.append(
+            f"output {i}: {n_bad} of {r.numel()} elements ({100.0 * n_bad / r.numel():.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
+            f"max abs error {float(diff.max()):.3g}; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
+        )
+    return problems + _special_mismatch(i, special_mismatch, o, r, ref.shape)
+
+
+def _special_mismatch(i: int, mismatch: Any, o: Any, r: Any, shape: Any) -> list[str]:
+    """Where the reference is NaN or +-Inf the candidate must give the same (an error there has
+    no size, so it gets its own line rather than a "max abs error" of nothing)."""
+    if not mismatch.any():
         return []
-    n_bad = int(bad.sum())
-    worst = int(torch.where(bad, diff, torch.full_like(diff, -1.0)).argmax())
-    return [
-        f"output {i}: {n_bad} of {r.numel()} elements ({100.0 * n_bad / r.numel():.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
-        f"max abs error {float(diff.max()):.3g}; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
-    ]
+    first = int(mismatch.nonzero()[0])
+    return [f"output {i}: {int(mismatch.sum())} of {r.numel()} elements differ where the reference is NaN/Inf; "
+            f"first at index {_index(first, shape)}: got {float(o[first]):.6g}, expected {float(r[first]):.6g}"]
 
 
 def _all_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
     """Every element within atol + rtol x |ref| (NaN matching NaN, an infinity itself): the fast,
     allocation-light test that passing outputs stop at."""
-    if ref.is_complex():
-        return False  # the detailed path reports complex outputs
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
     return bool(torch.isclose(out.detach().to(work), ref.detach().to(work), rtol=rtol, atol=atol, equal_nan=True).all())
 
@@ -203,7 +222,8 @@ def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
         return False
     for x, y in zip(a, b):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+            # bit for bit (torch.equal is missing for fp8, and NaN would never equal itself)
+            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(_bits(x), _bits(y)):
                 return False
         elif x != y:
             return False
@@ -219,12 +239,20 @@ def is_weak_reference(reference: Sequence[Any], tol: Tolerance) -> bool:
         return True
     # any one-element output equals a constant: only outputs of several elements can say it is weak
     several = [r for r in tensors if r.numel() > 1]
-    return bool(several) and all(_matches(torch.full_like(r, float(torch.nan_to_num(r).mean(dtype=torch.float64))), r, tol) for r in several)
+    return bool(several) and all(_matches(torch.full_like(r, _finite_mean(r)), r, tol) for r in several)
+
+
+def _finite_mean(t: torch.Tensor) -> float:
+    """The mean of a tensor's finite elements (0 when none is): the constant a kernel that skips
+    the work would return. Computed in float64, which every floating dtype, fp8 included, converts to."""
+    values = t.detach().to(torch.float64).flatten()
+    finite = values[torch.isfinite(values)]
+    return float(finite.mean()) if finite.numel() else 0.0
 
 
 def _matches(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> bool:
     """Whether ``out`` passes against ``ref``, without the diagnosis a failure report needs."""
-    if not tol.strict and not ref.is_complex():
+    if not tol.strict and not ref.is_complex():  # complex outputs are compared as (real, imaginary) pairs
         return _all_close(out, ref, *tol.for_dtype(ref.dtype))
     return not compare_outputs([out], [ref], tol)
 

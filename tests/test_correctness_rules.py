@@ -149,3 +149,110 @@ def test_plain_numbers_in_the_output_are_compared_by_type_and_value(make_case, r
     assert "trial 1 of 3: output 1 is float 64.0, expected int 64" in out
     assert "expected" in out and "(atol 0.0001 + rtol 0.0001 x |ref|)" in out
     assert "trial 1 of 3: output 3 is int 0, expected NoneType None" in out
+
+
+CASE_RETURNING_A_SPECTRUM = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return torch.fft.fft(x)
+"""
+
+
+def test_complex_outputs_are_compared_in_both_parts_within_the_parts_tolerance(make_case, run_kcoral):
+    # a cast to a real dtype drops the imaginary part: the conjugate would pass, and complex64
+    # (no default tolerance of its own) would need bit-exact real parts
+    make_case("cases/fft", CASE_RETURNING_A_SPECTRUM, {
+        "in_double": "import torch\ndef run(x):\n    return torch.fft.fft(x.double()).to(torch.complex64)\n",
+        "conjugate": "import torch\ndef run(x):\n    return torch.fft.fft(x).conj().resolve_conj()\n",
+    })
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "cases/fft::in_double[seen-n=64] PASSED" in out
+    # the index's last position is the part: 1, imaginary
+    result.stdout.fnmatch_lines(["*trial 1 of 3: output 0: * of 128 elements * outside atol 0.0001 + rtol 0.0001 x |ref|*worst at index (*, 1)*"])
+
+
+CASE_RETURNING_FP8 = """
+import torch
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device) * 4,)
+
+def reference(x):
+    return (x * 1.5).to(torch.float8_e4m3fn)
+"""
+
+
+def test_fp8_outputs_are_graded_within_one_unit_in_the_last_place(make_case, run_kcoral):
+    # the weak-reference check once called ops fp8 lacks, and every fp8 case failed as a case
+    make_case("cases/quantize", CASE_RETURNING_FP8, {
+        "same": "import torch\ndef run(x):\n    return (x * 1.5).to(torch.float8_e4m3fn)\n",
+        "off_by_two_steps": "import torch\ndef run(x):\n    return (x * 1.5 * 1.25).to(torch.float8_e4m3fn)\n",
+    })
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "CASE FAILED" not in out
+    assert "cases/quantize::same[seen-n=64] PASSED" in out
+    assert "outside atol 0.015625 + rtol 0.125 x |ref|" in out
+
+
+def test_one_fp8_step_is_within_the_default_tolerance_two_are_not():
+    import torch
+
+    from pytest_kcoral.correctness import Tolerance, compare_outputs
+
+    ref = torch.tensor([1.0, 2.0, -3.0]).to(torch.float8_e4m3fn)
+    one_step = torch.tensor([1.125, 2.0, -3.0]).to(torch.float8_e4m3fn)  # e4m3 steps by 1/8 in [1, 2)
+    two_steps = torch.tensor([1.25, 2.0, -3.0]).to(torch.float8_e4m3fn)
+    assert compare_outputs([one_step], [ref], Tolerance(None, None)) == []
+    assert compare_outputs([two_steps], [ref], Tolerance(None, None))
+
+
+CASE_WITH_INFINITIES = """
+import torch
+SEEN = [{"n": 8}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    y = x.clone()
+    y[0] = float("inf")
+    y[1] = float("nan")
+    return y
+"""
+
+
+def test_a_wrong_infinity_is_named_not_measured(make_case, run_kcoral):
+    # an error at an infinity has no size: it once read "max abs error 0"
+    make_case("cases/inf", CASE_WITH_INFINITIES, {
+        "same": "def run(x):\n    y = x.clone()\n    y[0] = float('inf')\n    y[1] = float('nan')\n    return y\n",
+        "flipped": "def run(x):\n    y = x.clone()\n    y[0] = -float('inf')\n    y[1] = float('nan')\n    return y\n",
+    })
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "trial 1 of 3: output 0: 1 of 8 elements differ where the reference is NaN/Inf; first at index (0,): got -inf, expected inf" in out
+    assert "max abs error" not in out
+
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_the_poison_reads_as_nan_in_every_floating_format(dtype):
+    # a float32 NaN's bytes read as 0.0 in every other fp16 or bf16 element (and in two of four
+    # fp8 ones): a kernel that never wrote the elements where the reference is zero passed there.
+    # The end-to-end check needs CUDA's allocator: tests/gpu/test_pipeline_gpu.py
+    import torch
+
+    from pytest_kcoral.child import poison_block
+
+    values = poison_block(64, "cpu").view(getattr(torch, dtype))
+    assert bool(values.to(torch.float32).isnan().all()), values
