@@ -457,17 +457,27 @@ def _overlaps(a: Any, b: Any) -> bool:
 def _poison(nbytes: list[int], device: str) -> None:
     """Fill memory the next allocations will reuse with NaN, so unwritten output elements show.
 
+    The bytes are all ones: NaN in every floating format (fp64 to fp8 e4m3fn and e5m2), -1 or
+    the maximum in integer ones. A float32 NaN's bytes would read as 0.0 in every other element
+    of an fp16 or bf16 output, and a kernel that skips the elements where the reference is zero
+    would pass.
+
     The CUDA caching allocator hands a freed block of the same size straight back; on the CPU,
     glibc reuses freed heap chunks once ``mallopt`` keeps large blocks off ``mmap`` (which would
     return fresh zeroed pages instead).
     """
-    import torch
-
     if not nbytes:
         return
-    blocks = [torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in nbytes]
+    blocks = [poison_block(n, device) for n in nbytes]
     _synchronize(device)
     del blocks
+
+
+def poison_block(nbytes: int, device: str) -> Any:
+    """``nbytes`` of all-ones bytes on ``device`` (see ``_poison``)."""
+    import torch
+
+    return torch.full((max(nbytes, 1),), 0xFF, dtype=torch.uint8, device=device)
 
 
 def _keep_large_allocations_on_heap() -> None:

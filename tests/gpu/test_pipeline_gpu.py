@@ -71,6 +71,32 @@ def test_unwritten_output_elements_read_as_nan_poison(tmp_path):
     assert "NaN/Inf where the reference is finite" in item["message"], item["message"]
 
 
+CASE_ZERO_AT_EVEN_INDICES = """
+import torch
+SEEN = [{"n": 4096}]
+UNSEEN = [{"n": 4100}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device, dtype=torch.float16),)
+
+def reference(x):
+    out = x.clone()
+    out[0::2] = 0
+    return out
+"""
+
+
+def test_unwritten_half_precision_elements_read_as_nan_not_zero(tmp_path):
+    # CUDA's allocator hands the poisoned block straight back. With a float32 NaN's bytes as the
+    # poison, the even fp16 elements read 0.0, just where this reference is zero, and a kernel
+    # that never wrote them passed
+    odd_only = "import torch\ndef run(x):\n    out = torch.empty_like(x)\n    out[1::2] = x[1::2]\n    return out\n"
+    proc, doc = grade_in_subprocess(tmp_path, CASE_ZERO_AT_EVEN_INDICES, {"odd_only": odd_only}, "-m", "seen", "--kcoral-mode", "correctness")
+    (item,) = doc["items"]
+    assert item["outcome"] == "failed" and item["stage"] == "correctness", item
+    assert "2048 of 4096 elements are NaN/Inf where the reference is finite, first at index (0,)" in item["message"], item["message"]
+
+
 def test_pointer_keyed_cache_fails_the_timed_output_check(tmp_path):
     proc, doc = _grade(tmp_path, {"cache": POINTER_CACHE}, "-m", "seen")
     (item,) = doc["items"]
