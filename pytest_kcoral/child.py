@@ -226,28 +226,27 @@ class _Runner:
         self._require(TRUSTED)
         shape = header["shape"]
         tol = correctness.Tolerance(*header["tolerance"]) if header.get("tolerance") else None
-        inputs, refs, baseline_problems, weak, bare, unsteady = [], [], [], False, True, []
+        inputs, refs, baseline_problems, weak, structure, unsteady = [], [], [], False, 0, []
         for t, seed in enumerate(header["seeds"]):
             args = self.case.make_inputs(shape, seed)
-            returned = self.case.reference(shape, _clone(args))
-            bare = _is_bare(returned)
-            ref = _as_tuple(returned)
+            ref, structure = flatten_outputs(self.case.reference(shape, _clone(args)))
+            _require_plain_outputs(ref, "reference")
             if tol is not None:
                 if t == 0:  # no candidate can match a reference that answers one input two ways
-                    unsteady = correctness.compare_outputs(_as_tuple(self.case.reference(shape, _clone(args))), ref, tol)
+                    unsteady = correctness.compare_outputs(_leaves(self.case.reference(shape, _clone(args))), ref, tol)
                 weak = weak or correctness.is_weak_reference(ref, tol)
                 if header.get("baseline"):
                     baseline_problems += [f"trial {t + 1}: {p}" for p in self._baseline_problems(shape, args, ref, tol)]
             refs.append(_to_cpu(ref))
             inputs.append(_to_cpu(args))
-        reply = {"baseline_problems": baseline_problems, "weak": weak, "bare": bare, "unsteady": unsteady[:3]}
+        reply = {"baseline_problems": baseline_problems, "weak": weak, "structure": structure, "unsteady": unsteady[:3]}
         return reply, {"inputs": inputs, "reference": refs}
 
     def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, tol: Any) -> list[str]:
         from pytest_kcoral import correctness
 
         try:
-            base = _as_tuple(self.case.baseline(shape, _clone(args)))
+            base = _leaves(self.case.baseline(shape, _clone(args)))
         except Exception as exc:  # a failing baseline is a finding, not a harness error
             return [f"{type(exc).__name__}: {exc}"[:500]]
         return correctness.compare_outputs(base, ref, tol)
@@ -285,7 +284,7 @@ class _Runner:
         from pytest_kcoral import correctness
 
         shape = header["shape"]
-        outputs, inputs_changed, findings, bare = [], [], [], []
+        outputs, inputs_changed, findings, structures = [], [], [], []
         for cpu_args in payload["inputs"]:
             # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
             # wrote: a copy made on the device, not a second transfer from the host
@@ -296,11 +295,11 @@ class _Runner:
             out = fn()
             _synchronize(self.device)
             out_tuple, problems = _inspect_outputs(out, args, self.device)
-            bare.append(_is_bare(out))
+            structures.append(flatten_outputs(out)[1])
             findings.append(problems)
             outputs.append(_to_cpu(out_tuple) if not problems else None)
             inputs_changed.append(correctness.changed_inputs(before, args))
-        return {"findings": findings, "inputs_changed": inputs_changed, "bare": bare}, {"outputs": outputs}
+        return {"findings": findings, "inputs_changed": inputs_changed, "structures": structures}, {"outputs": outputs}
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(CANDIDATE)
@@ -382,13 +381,31 @@ class _Runner:
             raise RuntimeError(f"command needs a {role} child, this one is {self.role}")
 
 
-def _as_tuple(out: Any) -> tuple:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+def flatten_outputs(out: Any) -> tuple[tuple, Any]:
+    """A callable's result as its leaves (tensors, numbers, None, anything else) and its
+    structure: ``0`` for a leaf, a list for a tuple or list (interchangeable), a dict for a dict
+    with str keys (keys sorted, so their order does not matter). ``(a, (b, c))`` gives
+    ``(a, b, c)`` and ``[0, [0, 0]]``; a single tensor gives ``(t,)`` and ``0``."""
+    leaves: list[Any] = []
+
+    def walk(value: Any, depth: int) -> Any:
+        if depth < MAX_STRUCTURE_DEPTH:
+            if isinstance(value, (tuple, list)):
+                return [walk(v, depth + 1) for v in value]
+            if isinstance(value, dict) and all(type(k) is str for k in value):
+                return {k: walk(value[k], depth + 1) for k in sorted(value)}
+        leaves.append(value)
+        return 0
+
+    structure = walk(out, 0)
+    return tuple(leaves), structure
 
 
-def _is_bare(out: Any) -> bool:
-    """A callable's result is one value, not a tuple or list of them: part of its structure."""
-    return not isinstance(out, (tuple, list))
+MAX_STRUCTURE_DEPTH = 8  # deeper nesting is a leaf, which the output checks then refuse
+
+
+def _leaves(out: Any) -> tuple:
+    return flatten_outputs(out)[0]
 
 
 def _clone(args: tuple) -> tuple:
@@ -396,9 +413,12 @@ def _clone(args: tuple) -> tuple:
 
 
 def _clone_outputs(out: Any) -> Any:
-    """A copy of a call's outputs (subclasses keep their type, so the later checks still see it)."""
+    """A copy of a call's outputs, structure and all (subclasses keep their type, so the later
+    checks still see it)."""
     if isinstance(out, (tuple, list)):
-        return type(out)(v.clone() if hasattr(v, "clone") else v for v in out)
+        return [_clone_outputs(v) for v in out]
+    if isinstance(out, dict):
+        return {k: _clone_outputs(v) for k, v in out.items()}
     return out.clone() if hasattr(out, "clone") else out
 
 
@@ -425,7 +445,7 @@ def _inspect_outputs(out: Any, args: tuple, device: str) -> tuple[tuple, list[st
     import torch
 
     problems = []
-    values = _as_tuple(out)
+    values = _leaves(out)
     want = torch.device(device)
     for i, value in enumerate(values):
         if type(value) in _PLAIN_SCALARS:
@@ -444,6 +464,17 @@ def _inspect_outputs(out: Any, args: tuple, device: str) -> tuple[tuple, list[st
             if isinstance(arg, torch.Tensor) and _overlaps(value, arg):
                 problems.append(f"output {i} shares memory with input {j}")
     return values, problems
+
+
+def _require_plain_outputs(values: tuple, who: str) -> None:
+    """The case's own results must be what a candidate may return, or nothing can match them."""
+    import torch
+
+    for i, value in enumerate(values):
+        if type(value) not in _PLAIN_SCALARS and not isinstance(value, torch.Tensor):
+            kind = f"{type(value).__module__}.{type(value).__qualname__}"
+            raise TypeError(f"the {who} returned a {kind} as output {i}: return tensors, plain numbers or None, "
+                            "alone or in tuples, lists or dicts with str keys")
 
 
 def _overlaps(a: Any, b: Any) -> bool:

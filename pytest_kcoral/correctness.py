@@ -44,16 +44,51 @@ class Tolerance:
         return (default[0] if self.atol is None else self.atol, default[1] if self.rtol is None else self.rtol)
 
 
-def compare_structure(bare: bool | None, reference_bare: bool | None, count: int, reference_count: int) -> list[str]:
-    """The result's container against the reference's: one value where the reference returns one,
-    a tuple or list (either) where it returns a sequence; ``count`` and ``reference_count`` are
-    their outputs. A drop-in replacement returns what the reference returns: ``[out]`` for ``out``
-    breaks its callers. None: not reported."""
-    if bare is None or reference_bare is None or bare == reference_bare:
+def compare_structure(structure: Any, reference_structure: Any) -> list[str]:
+    """The result's containers against the reference's (``child.flatten_outputs``: ``0`` a
+    value, a list a tuple or list, either, a dict a dict). A drop-in replacement returns what the
+    reference returns: ``[out]`` for ``out`` breaks its callers. None: not reported."""
+    if structure is None or reference_structure is None or structure == reference_structure:
         return []
-    if reference_bare:
-        return [f"returned a tuple or list of {count}, the reference returns a single value"]
-    return [f"returned a single value, the reference returns a tuple or list of {reference_count}"]
+    if reference_structure == 0 and isinstance(structure, list):
+        return [f"returned a tuple or list of {len(structure)}, the reference returns a single value"]
+    if structure == 0 and isinstance(reference_structure, list):
+        return [f"returned a single value, the reference returns a tuple or list of {len(reference_structure)}"]
+    return [f"returned outputs shaped {describe_structure(structure)}, the reference's are shaped "
+            f"{describe_structure(reference_structure)} (_: one value)"]
+
+
+def describe_structure(structure: Any, limit: int = 200) -> str:
+    """``[0, {"h": 0}]`` as ``(_, {h: _})``, cut at ``limit`` characters."""
+    def render(node: Any) -> str:
+        if isinstance(node, list):
+            return "(" + ", ".join(render(n) for n in node) + ")"
+        if isinstance(node, dict):
+            return "{" + ", ".join(f"{k}: {render(v)}" for k, v in node.items()) + "}"
+        return "_"
+    text = render(structure)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def structure_leaves(structure: Any, budget: int = 100_000) -> int | None:
+    """How many values a reported structure holds, or None when it is not one that
+    ``child.flatten_outputs`` makes (a forged report): 0 for a value, lists, dicts with str keys."""
+    count = 0
+    stack = [(structure, 0)]
+    while stack:
+        node, depth = stack.pop()
+        budget -= 1
+        if budget < 0 or depth > 64:
+            return None
+        if isinstance(node, list):
+            stack.extend((n, depth + 1) for n in node)
+        elif isinstance(node, dict) and all(isinstance(k, str) for k in node):
+            stack.extend((n, depth + 1) for n in node.values())
+        elif node == 0 and type(node) is int:
+            count += 1
+        else:
+            return None
+    return count
 
 
 def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol: Tolerance) -> list[str]:

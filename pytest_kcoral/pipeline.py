@@ -93,7 +93,7 @@ class ReferenceData:
     baseline_correct: bool
     baseline_problems: list[str] = field(default_factory=list)
     weak: bool = False
-    bare: bool | None = None  # the reference returns one value, not a tuple or list; None: not known
+    structure: Any = None  # the reference's containers (``child.flatten_outputs``); None: not known
 
 
 def derive_seed(session_seed: int, *parts: Any) -> int:
@@ -329,7 +329,7 @@ class LocalExecutor:
             baseline_correct=not baseline_problems,
             baseline_problems=baseline_problems,
             weak=bool(header["weak"]),
-            bare=header.get("bare"),
+            structure=header.get("structure"),
         )
         self._references[key] = data
         return data
@@ -382,13 +382,13 @@ class LocalExecutor:
         if not _well_formed_changes(changed, len(ref.inputs)):
             raise StageFailed("correctness", f"the candidate's child reported unreadable input changes {str(changed)[:200]} (results forged?)", "correctness")
         problems: list[str] = []
-        bare = header.get("bare")
-        if not (isinstance(bare, list) and len(bare) == len(ref.inputs) and all(isinstance(b, bool) for b in bare)):
-            raise StageFailed("correctness", f"the candidate's child reported an unreadable output structure {str(bare)[:200]} (results forged?)", "correctness")
+        structures = header.get("structures")
+        if not _well_formed_structures(structures, outputs, len(ref.inputs)):
+            raise StageFailed("correctness", f"the candidate's child reported an unreadable output structure {str(structures)[:200]} (results forged?)", "correctness")
         for t in range(len(ref.inputs)):
             trial = [*header["findings"][t]]
             if not trial:
-                trial += correctness.compare_structure(bare[t], ref.bare, len(outputs[t] or ()), len(ref.reference[t]))
+                trial += correctness.compare_structure(structures[t], ref.structure)
             if not trial:
                 trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
             trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)
@@ -541,6 +541,18 @@ def _well_formed_changes(changes: Any, trials: int) -> bool:
         return (isinstance(e, list) and len(e) == 2 and type(e[0]) is int
                 and (e[1] is None or type(e[1]) is int))
     return isinstance(changes, list) and len(changes) == trials and all(isinstance(c, list) and all(entry_ok(e) for e in c) for c in changes)
+
+
+def _well_formed_structures(structures: Any, outputs: list[Any], trials: int) -> bool:
+    """One structure per trial, each of the kind ``child.flatten_outputs`` makes and holding as
+    many values as came back (none come back from a trial with findings)."""
+    if not (isinstance(structures, list) and len(structures) == trials):
+        return False
+    for structure, values in zip(structures, outputs):
+        leaves = correctness.structure_leaves(structure)
+        if leaves is None or (values is not None and (not isinstance(values, (list, tuple)) or leaves != len(values))):
+            return False
+    return True
 
 
 def _one_screen(lines: list[str], limit: int = 12) -> str:

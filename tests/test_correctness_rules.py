@@ -256,3 +256,43 @@ def test_the_poison_reads_as_nan_in_every_floating_format(dtype):
 
     values = poison_block(64, "cpu").view(getattr(torch, dtype))
     assert bool(values.to(torch.float32).isnan().all()), values
+
+
+CASE_RETURNING_NESTED = """
+import torch
+SEEN = [{"n": 16}]
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return x * 2, (x + 1, x - 1), {"total": x.sum(), "count": x.numel()}
+"""
+
+
+def test_nested_and_dict_outputs_are_compared_leaf_by_leaf_and_by_shape(make_case, run_kcoral):
+    # an nn.LSTM returns (out, (h, c)): a reference may nest its results, or name them in a dict
+    make_case("cases/nested", CASE_RETURNING_NESTED, {
+        "same": "def run(x):\n    return [x * 2, [x + 1, x - 1], {'count': x.numel(), 'total': x.sum()}]\n",
+        "flat": "def run(x):\n    return x * 2, x + 1, x - 1, x.sum(), x.numel()\n",
+        "wrong_leaf": "def run(x):\n    return x * 2, (x + 1, x + 1), {'total': x.sum(), 'count': x.numel()}\n",
+        "other_key": "def run(x):\n    return x * 2, (x + 1, x - 1), {'sum': x.sum(), 'count': x.numel()}\n",
+    })
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=1, failed=3)
+    out = result.stdout.str()
+    assert "cases/nested::same[seen-n=16] PASSED" in out  # lists for tuples, keys in any order
+    assert ("trial 1 of 3: returned outputs shaped (_, _, _, _, _), the reference's are shaped "
+            "(_, (_, _), {count: _, total: _}) (_: one value)") in out
+    assert "trial 1 of 3: output 2: 16 of 16 elements (100%) outside atol" in out  # leaves count in order
+    assert "returned outputs shaped (_, (_, _), {count: _, sum: _})" in out
+
+
+def test_a_reference_returning_what_no_candidate_may_is_the_cases_failure(make_case, run_kcoral):
+    case = CASE_RETURNING_NESTED.replace('return x * 2, (x + 1, x - 1), {"total": x.sum(), "count": x.numel()}',
+                                         "return x * 2, {1, 2}")
+    make_case("cases/odd_output", case, {"any": "def run(x):\n    return x * 2, {1, 2}\n"})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*CASE FAILED cases/odd_output on seen n=16*TypeError: the reference returned a builtins.set as output 1: "
+                                 "return tensors, plain numbers or None, alone or in tuples, lists or dicts with str keys*"])

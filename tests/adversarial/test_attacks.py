@@ -401,11 +401,11 @@ def test_honest_prepare_with_a_preallocated_output_passes(make_case, run_kcoral)
 
 
 # a forged run reply whose structure report cannot be read: refused, not a crash of the pytest process
-FORGED_STRUCTURE = attacks.FORGED_REPLY_WITH_NONCE.replace('"bare": [True for _ in outputs]', '"bare": "yes"')
+FORGED_STRUCTURE = attacks.FORGED_REPLY_WITH_NONCE.replace('"structures": [0 for _ in outputs]', '"structures": ["yes" for _ in outputs]')
 
 
 def test_a_forged_structure_report_is_refused(make_case, run_kcoral):
     assert FORGED_STRUCTURE != attacks.FORGED_REPLY_WITH_NONCE
     result = _grade(make_case, run_kcoral, FORGED_STRUCTURE, *CORRECTNESS)
     result.assert_outcomes(failed=1, deselected=1)
-    result.stdout.fnmatch_lines(["*kcoral correctness failed: the candidate's child reported an unreadable output structure yes (results forged?)*"])
+    result.stdout.fnmatch_lines(["*kcoral correctness failed: the candidate's child reported an unreadable output structure ?'yes', 'yes', 'yes'? (results forged?)*"])
