@@ -50,6 +50,11 @@ class CaseRuntime:
                 values = self.module.make_inputs(dict(shape))
         else:
             values = self.module.make_inputs(dict(shape), self.device)
+        if isinstance(values, dict):
+            # inputs are positional (INPLACE and the messages number them): a dict would reach the
+            # reference as one argument, and fail there with a message about something else
+            raise TypeError(f"make_inputs returned a dict (keys {', '.join(map(str, values))[:120]}): "
+                            "return the inputs as a tuple or list, in the order the reference takes them")
         return tuple(values) if isinstance(values, (tuple, list)) else (values,)
 
     def set_globals(self, shape: dict[str, Any]) -> None:

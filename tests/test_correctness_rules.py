@@ -296,3 +296,13 @@ def test_a_reference_returning_what_no_candidate_may_is_the_cases_failure(make_c
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*CASE FAILED cases/odd_output on seen n=16*TypeError: the reference returned a builtins.set as output 1: "
                                  "return tensors, plain numbers or None, alone or in tuples, lists or dicts with str keys*"])
+
+
+def test_inputs_made_as_a_dict_are_refused_with_what_to_return(make_case, run_kcoral):
+    case = CASE_WITH_INPLACE.replace("return torch.randn(n, device=device), torch.randn(n, device=device)",
+                                     "return {'a': torch.randn(n, device=device), 'b': torch.randn(n, device=device)}")
+    make_case("cases/kwargs", case, {"add": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*CASE FAILED cases/kwargs on seen n=256*TypeError: make_inputs returned a dict (keys a, b): "
+                                 "return the inputs as a tuple or list, in the order the reference takes them*"])
