@@ -254,11 +254,13 @@ class _Runner:
     def _cmd_time_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(TRUSTED)
         reply, payload = self._time(header, lambda shape, args: self.case.bind_baseline(shape, args))
-        cost = self.case.cost(header["shape"]) if header.get("floor", True) else None
-        if cost and cost.get("bytes"):
-            from pytest_kcoral import physical_floor
+        if header.get("floor", True):
+            from pytest_kcoral import physical_floor, speed_of_light
 
-            reply["floor"] = physical_floor.measure(float(cost["bytes"]), self.device)
+            cost = speed_of_light.valid_cost(self.case.cost(header["shape"]))
+            reply["cost"] = cost
+            if cost and cost.get("bytes"):
+                reply["floor"] = physical_floor.measure(cost["bytes"], self.device)
         return reply, payload
 
     # -- candidate role ---------------------------------------------------------------------

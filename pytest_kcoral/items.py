@@ -100,6 +100,10 @@ def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
             props.append((f"kcoral_{name}", round(value, 4) if isinstance(value, float) else value))
     if result.speedup is not None:
         props.append(("kcoral_host_set", host_set(result)))  # the summary's ~: the host sets part of it
+    for key in ("candidate_tflops", "candidate_gbps", "candidate_of_peak"):
+        value = (result.speed_of_light or {}).get(key)
+        if value is not None:
+            props.append((f"kcoral_{key}", round(value, 4)))
     if result.baseline_correct is not None:
         props.append(("kcoral_baseline_correct", result.baseline_correct))
     if result.case_failed:

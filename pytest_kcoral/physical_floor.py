@@ -49,7 +49,10 @@ GPU_PEAK_BYTES_PER_S: tuple[tuple[str, float], ...] = (
 
 
 def measure(nbytes: float, device: str) -> dict[str, Any]:
-    """The floor for moving ``nbytes`` on ``device``: ``{"bytes", "peak_bytes_per_s", "floor_us", "how"}``."""
+    """The floor for moving ``nbytes`` on ``device``: ``{"bytes", "peak_bytes_per_s", "floor_us", "how",
+    "spec_bytes_per_s"}``; the last is the spec sheet's DRAM bandwidth (no margin), None where the
+    device is not in the table or is a CPU."""
+    spec = None
     if device.startswith("cuda"):
         import torch
 
@@ -57,6 +60,7 @@ def measure(nbytes: float, device: str) -> dict[str, Any]:
         for key, peak in GPU_PEAK_BYTES_PER_S:
             if key in name:
                 how = f"{name}: spec-sheet peak {peak / 1e12:.3g} TB/s x {GPU_MARGIN}"
+                spec = peak
                 break
         else:
             peak = 2.0 * _copy_bandwidth(_MEASURE_MAX_BYTES, device)
@@ -67,7 +71,8 @@ def measure(nbytes: float, device: str) -> dict[str, Any]:
         # a busy host slows the calibration copy more than a kernel timed at another moment
         bandwidth = max(measured * CPU_MARGIN, CPU_MIN_BYTES_PER_S)
         how = f"CPU: max(measured copy bandwidth of the same bytes {measured / 1e9:.3g} GB/s x {CPU_MARGIN}, {CPU_MIN_BYTES_PER_S / 1e9:g} GB/s)"
-    return {"bytes": nbytes, "peak_bytes_per_s": bandwidth, "floor_us": nbytes / bandwidth * 1e6, "how": how}
+    return {"bytes": nbytes, "peak_bytes_per_s": bandwidth, "floor_us": nbytes / bandwidth * 1e6, "how": how,
+            "spec_bytes_per_s": spec}
 
 
 def _copy_bandwidth(nbytes: float, device: str) -> float:

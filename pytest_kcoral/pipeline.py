@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-from pytest_kcoral import correctness, cpu_share, isolation, static_report, timing
+from pytest_kcoral import correctness, cpu_share, isolation, speed_of_light, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
 from pytest_kcoral.diagnostics import Diagnostics
@@ -418,13 +418,15 @@ class LocalExecutor:
         cand_rounds: list[TimingStats] = []
         verify: list[dict] = []
         floor: dict | None = None
+        cost: dict | None = None
 
         def time_baseline(r: int) -> None:
-            nonlocal floor
-            # the physical floor (a bandwidth measurement) once, in the first round
+            nonlocal floor, cost
+            # the case's cost and the physical floor (a bandwidth measurement) once, in the first round
             header, _ = self._trusted_call(trusted, "time_baseline", "baseline", verify=0, warmup_s=_warmup_s(r), floor=r == 0, **common)
             base_rounds.append(TimingStats.from_dict(header["stats"]))
             floor = header.get("floor") or floor
+            cost = header.get("cost") or cost
 
         def time_candidate(r: int) -> None:
             header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=keep, warmup_s=_warmup_s(r), **common))
@@ -455,6 +457,8 @@ class LocalExecutor:
         result.t_candidate_us = candidate_stats.median_us
         result.timer = candidate_stats.method
         result.speedup = speedup_between(baseline_stats, candidate_stats)
+        result.speed_of_light = speed_of_light.report(speed_of_light.valid_cost(cost), (floor or {}).get("spec_bytes_per_s"),
+                                                      result.t_baseline_us, result.t_candidate_us)
         checked = random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(verify, min(len(verify), VERIFIED_TIMED_CALLS))
         with timed_phase(result, "verify"):
             self._verify_timed_outputs(trusted, checked, spec, device, tol)

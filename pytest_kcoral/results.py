@@ -84,6 +84,8 @@ class ItemResult:
     timer: str | None = None  # method of the candidate's timing
     baseline_timing: dict[str, Any] | None = None  # TimingStats.to_dict()
     candidate_timing: dict[str, Any] | None = None
+    # achieved rates against the case's ``cost(shape)`` and the GPU's peak (``speed_of_light.report``)
+    speed_of_light: dict[str, Any] | None = None
 
     device: str | None = None  # "cpu" or "cuda:<index into the visible devices>"
     lease_wait_ms: float | None = None

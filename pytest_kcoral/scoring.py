@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
+from pytest_kcoral.speed_of_light import largest_shape
 
 TIER_WEIGHTS = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 5: 3.0}
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.5, 2.0)
@@ -116,6 +117,9 @@ class CandidateScore:
     # host's speed sets part of those speedups (``host_set``)
     host_set_seen: int = 0
     host_set_unseen: int = 0
+    # achieved rates on the largest correct seen shape, when the case declares cost(shape)
+    # (``speed_of_light.largest_shape``)
+    speed_of_light: dict[str, Any] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -329,6 +333,7 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
         failed_stages=dict(failed_stages),
         host_set_seen=sum(1 for it in seen_timed if host_set(it)),
         host_set_unseen=sum(1 for it in unseen_timed if host_set(it)),
+        speed_of_light=largest_shape(items),
     )
 
 

@@ -58,3 +58,51 @@ def fmt_unseen(correct_unseen: dict[str, bool]) -> str:
 
 def pair_name(case: str, candidate: str) -> str:
     return f"{case}::{candidate}"
+
+
+def fmt_bandwidth(gbps: float | None) -> str:
+    if not gbps:
+        return "-"
+    if gbps >= 1000:
+        return f"{gbps / 1000:.3g} TB/s"
+    return f"{gbps:.3g} GB/s" if gbps >= 1 else f"{gbps * 1000:.3g} MB/s"
+
+
+def fmt_flops(tflops: float | None) -> str:
+    if not tflops:
+        return "-"
+    return f"{tflops:.3g} TFLOP/s" if tflops >= 1 else f"{tflops * 1000:.3g} GFLOP/s"
+
+
+def fmt_rates(sol: dict, side: str = "candidate") -> str:
+    """One side's achieved rates from a speed-of-light dict: ``3.12 TB/s, 0.26 TFLOP/s``."""
+    parts = []
+    if sol.get(f"{side}_gbps"):
+        parts.append(fmt_bandwidth(sol[f"{side}_gbps"]))
+    if sol.get(f"{side}_tflops"):
+        parts.append(fmt_flops(sol[f"{side}_tflops"]))
+    return ", ".join(parts) or "-"
+
+
+def fmt_of_peak(sol: dict) -> str:
+    """``65% of 4.8 TB/s`` (the spec sheet's DRAM bandwidth), or ``-`` without a known peak."""
+    if sol.get("candidate_of_peak") is None:
+        return "-"
+    return f"{sol['candidate_of_peak'] * 100:.0f}% of {fmt_bandwidth(sol.get('peak_gbps'))}"
+
+
+SPEED_OF_LIGHT_TITLE = "speed of light (medians on each pair's largest correct seen shape, from the case's cost(shape)):"
+
+
+def speed_of_light_lines(candidates: Sequence[CandidateScore]) -> list[str]:
+    """One line per pair whose case declares ``cost``: its rates, the share of the peak, the baseline's."""
+    rated = [c for c in candidates if c.speed_of_light]
+    if not rated:
+        return []
+    lines = [SPEED_OF_LIGHT_TITLE]
+    for c in rated:
+        sol = c.speed_of_light
+        peak = fmt_of_peak(sol)
+        lines.append(f"  {pair_name(c.case, c.candidate)} [{sol['shape_id']}]: {fmt_rates(sol)}"
+                     + (f" = {peak}" if peak != "-" else "") + f" (baseline {fmt_rates(sol, 'baseline')})")
+    return lines

@@ -11,7 +11,9 @@ from pytest_kcoral.report import (
     fmt_bool,
     fmt_mean_speedup,
     fmt_methods,
+    fmt_of_peak,
     fmt_pct,
+    fmt_rates,
     fmt_score,
     fmt_speedup,
     fmt_unseen,
@@ -56,6 +58,15 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     note = host_set_note(scores.candidates)
     if note:
         out += ["", _escape_mark(note)]
+    rated = [c for c in scores.candidates if c.speed_of_light]
+    if rated:  # the cases that declare cost(shape): how far each kernel is from the hardware's peak
+        out += ["", "Speed of light: medians on each pair's largest correct seen shape, from the case's `cost(shape)`.", "",
+                "| case | candidate | shape | achieved | of peak bandwidth | baseline |", "|---|---|---|---:|---:|---:|"]
+        for c in rated:
+            sol = c.speed_of_light
+            out.append("| " + " | ".join(_cell(x) for x in (
+                f"`{c.case}`", f"`{c.candidate}`", f"`{sol['shape_id']}`", fmt_rates(sol), fmt_of_peak(sol), fmt_rates(sol, "baseline"),
+            )) + " |")
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     out += [
         "",

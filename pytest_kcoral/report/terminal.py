@@ -21,6 +21,7 @@ from pytest_kcoral.report import (
     fmt_unseen,
     host_set_note,
     pair_name,
+    speed_of_light_lines,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change
 from pytest_kcoral.scoring import Scores, TimerUse
@@ -129,6 +130,7 @@ def summary_lines(
     if partial:
         lines.append("PARTIAL: the session was interrupted; scores cover the items that ran")
     lines += table_lines(scores)
+    lines += speed_of_light_lines(scores.candidates)
     lines.append("")
     lines += suite_lines(scores)
     for err in collection_errors:

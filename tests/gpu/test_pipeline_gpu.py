@@ -97,6 +97,29 @@ def test_unwritten_half_precision_elements_read_as_nan_not_zero(tmp_path):
     assert "2048 of 4096 elements are NaN/Inf where the reference is finite, first at index (0,)" in item["message"], item["message"]
 
 
+def test_speed_of_light_against_the_spec_sheet(tmp_path):
+    # a 16M-element fp32 add moves 192 MiB: a memory-bound kernel far from launch overhead, which
+    # must reach a good share of the DRAM peak and can never pass it
+    case = add_case([1 << 24]) + "\ndef cost(shape):\n    return {'flops': shape['n'], 'bytes': 12 * shape['n']}\n"
+    proc, doc = grade_in_subprocess(tmp_path, case, {"torch_add": "def run(a, b):\n    return a + b\n"}, "-m", "seen",
+                                    "--kcoral-timing-budget", "0.3")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    (item,) = doc["items"]
+    sol = item["speed_of_light"]
+    assert sol["candidate_gbps"] == pytest.approx(12 * (1 << 24) / (item["t_candidate_us"] * 1e3))
+    from pytest_kcoral.physical_floor import GPU_PEAK_BYTES_PER_S
+
+    name = torch.cuda.get_device_name(0)
+    peak = next((p for key, p in GPU_PEAK_BYTES_PER_S if key in name), None)
+    if peak is None:
+        assert sol["peak_gbps"] is None, sol
+        return
+    assert sol["peak_gbps"] == pytest.approx(peak / 1e9)
+    assert 0.3 < sol["candidate_of_peak"] < 1.0, sol
+    assert "speed of light" in proc.stdout and "% of " in proc.stdout
+    print(name, json.dumps(sol))
+
+
 def test_pointer_keyed_cache_fails_the_timed_output_check(tmp_path):
     proc, doc = _grade(tmp_path, {"cache": POINTER_CACHE}, "-m", "seen")
     (item,) = doc["items"]
