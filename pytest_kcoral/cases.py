@@ -59,6 +59,8 @@ class Case:
     has_baseline: bool = False  # a baseline other than the reference
     baseline_file: Path | None = None  # native cases may keep the baseline in baseline.py
     content_hash: str = ""
+    # what is wrong with cost(shape), per shape: those shapes get no speed-of-light figures or floor
+    cost_problems: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -225,6 +227,7 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
         raise CaseError(path, f"INPLACE must be a list of input indices, got {inplace!r}")
     shapes = seen + unseen
     _check_unique(path, shapes)
+    cost_problems = _check_cost(cost, shapes) if cost is not None else ()
     return Case(
         folder=folder,
         case_id=case_id,
@@ -238,7 +241,24 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
         has_baseline=baseline is not None or baseline_file.is_file(),
         baseline_file=baseline_file if baseline is None and baseline_file.is_file() else None,
         content_hash=content_hash(folder),
+        cost_problems=cost_problems,
     )
+
+
+def _check_cost(cost: Any, shapes: list[Shape]) -> tuple[str, ...]:
+    """``cost(shape)`` on every shape, at collection: an answer the report cannot use would
+    otherwise only show as figures missing from the summary."""
+    from pytest_kcoral.speed_of_light import cost_problem
+
+    problems = []
+    for shape in shapes:
+        try:
+            problem = cost_problem(cost(dict(shape.params)))
+        except Exception as exc:  # noqa: BLE001 - the case's code; reported, not raised
+            problem = f"raised {type(exc).__name__}: {exc}"[:300]
+        if problem:
+            problems.append(f"cost(shape) for {shape.split} shape {shape.shape_id} {problem}")
+    return tuple(problems)
 
 
 def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> Case:

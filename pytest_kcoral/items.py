@@ -46,6 +46,10 @@ class CaseDirectory(pytest.Directory):
             shown = case.case_id if folder == case.folder else f"{case.case_id}/{folder.name}"
             message = f"{case.case_id}: no candidates to grade (no .py files in {shown}/)"
             warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
+        for problem in case.cost_problems:
+            # optional figures: the case still grades, without them on that shape
+            message = f"{case.case_id}: {problem}; that shape gets no speed-of-light figures or physical floor"
+            warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
         # shape by shape: a shape's items sit next to each other, so xdist, which hands out
         # consecutive items in chunks, tends to give them to one worker, and that worker's
         # reference data for the shape (computed under the lease) serves all of them

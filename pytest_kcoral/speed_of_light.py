@@ -12,20 +12,37 @@ which ``cost`` does not say.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Sequence
+
+COST_KEYS = ("flops", "bytes")
+
+
+def _count(value: Any) -> bool:
+    """A usable count: a real number (numpy's included), finite and not negative; not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def valid_cost(cost: Any) -> dict[str, float] | None:
-    """``cost(shape)``'s answer with its usable entries: finite, non-negative ``flops`` and
-    ``bytes`` (either may be missing); None when neither is usable."""
+    """``cost(shape)``'s answer with its usable entries: finite, positive ``flops`` and ``bytes``
+    (either may be missing; a zero is allowed and gives no rate); None when neither is usable."""
     if not isinstance(cost, dict):
         return None
-    usable = {}
-    for key in ("flops", "bytes"):
-        value = cost.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-            usable[key] = float(value)
+    usable = {key: float(cost[key]) for key in COST_KEYS if _count(cost.get(key)) and cost[key] > 0}
     return usable or None
+
+
+def cost_problem(cost: Any) -> str | None:
+    """What is wrong with ``cost(shape)``'s answer, for the case's author; None when nothing is."""
+    if not isinstance(cost, dict):
+        return f"returned a {type(cost).__name__}, expected a dict like {{\"flops\": ..., \"bytes\": ...}}"
+    unknown = sorted(str(k) for k in cost if k not in COST_KEYS)
+    if unknown:
+        return f"returned unknown keys {', '.join(unknown)} (known: flops, bytes)"
+    bad = [f"{key}={cost[key]!r}" for key in COST_KEYS if key in cost and not _count(cost[key])]
+    if bad:
+        return f"returned {', '.join(bad)}: counts must be finite numbers, not negative"
+    return None
 
 
 def report(cost: dict[str, float] | None, peak_bytes_per_s: float | None, t_baseline_us: float | None,

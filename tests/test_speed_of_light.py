@@ -96,3 +96,22 @@ def test_a_case_with_a_cost_gets_rates_everywhere(make_case, run_kcoral, pyteste
     assert "cases/plain::add [" not in out
     assert "| `cases/add` | `add` | `n=8192` |" in summary.read_text()
     assert 'name="kcoral_candidate_gbps"' in (pytester.path / "junit.xml").read_text()
+
+
+def test_a_cost_the_report_cannot_use_is_said_at_collection_and_the_case_still_grades(make_case, run_kcoral, pytester):
+    broken = CASE_WITH_COST.replace('return {"flops": shape["n"], "bytes": 12 * shape["n"]}',
+                                    'if shape["n"] == 1024:\n        return {"byte": 12 * shape["n"]}\n'
+                                    '    if shape["n"] == 1000:\n        raise KeyError("m")\n'
+                                    '    return {"flops": shape["n"], "bytes": 12 * shape["n"]}')
+    make_case("cases/add", broken, {"add": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("--kcoral-json", "results.json", "--kcoral-timing-budget", "0.05")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([
+        "*case.py:1: PytestWarning: cases/add: cost(shape) for seen shape n=1024 returned unknown keys byte (known: flops, bytes);"
+        " that shape gets no speed-of-light figures or physical floor*",
+        "*cases/add: cost(shape) for unseen shape n=1000 raised KeyError: 'm'*",
+    ])
+    doc = json.loads((pytester.path / "results.json").read_text())
+    by_shape = {item["shape_id"]: item["speed_of_light"] for item in doc["items"]}
+    assert by_shape["n=1024"] is None and by_shape["n=1000"] is None
+    assert by_shape["n=8192"]["bytes"] == 12 * 8192
