@@ -386,6 +386,9 @@ class _Runner:
             raise RuntimeError(f"command needs a {role} child, this one is {self.role}")
 
 
+MAX_STRUCTURE_DEPTH = 8  # deeper nesting is a leaf, which the output checks then refuse
+
+
 def flatten_outputs(out: Any) -> tuple[tuple, Any]:
     """A callable's result as its leaves (tensors, numbers, None, anything else) and its
     structure: ``0`` for a leaf, a list for a tuple or list (interchangeable), a dict for a dict
@@ -404,9 +407,6 @@ def flatten_outputs(out: Any) -> tuple[tuple, Any]:
 
     structure = walk(out, 0)
     return tuple(leaves), structure
-
-
-MAX_STRUCTURE_DEPTH = 8  # deeper nesting is a leaf, which the output checks then refuse
 
 
 def _leaves(out: Any) -> tuple:

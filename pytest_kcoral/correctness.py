@@ -287,7 +287,7 @@ def _finite_mean(t: torch.Tensor) -> float:
 
 def _matches(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> bool:
     """Whether ``out`` passes against ``ref``, without the diagnosis a failure report needs."""
-    if not tol.strict and not ref.is_complex():  # complex outputs are compared as (real, imaginary) pairs
+    if not tol.strict and not ref.is_complex():  # a complex output's parts are compared in _compare_values
         return _all_close(out, ref, *tol.for_dtype(ref.dtype))
     return not compare_outputs([out], [ref], tol)
 

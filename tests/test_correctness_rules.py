@@ -48,6 +48,14 @@ RULES = {
 }
 
 
+def _graded(make_case, run_kcoral, folder: str, case: str, candidates: dict[str, str], *, passed: int, failed: int):
+    """``folder`` graded in correctness mode, verbosely, with the outcomes checked: the result."""
+    make_case(folder, case, candidates)
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=passed, failed=failed)
+    return result
+
+
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_rule_fails_the_item_with_its_message(make_case, run_kcoral, rule):
     source, message = RULES[rule]
@@ -110,12 +118,10 @@ def reference(a, b):
 
 
 def test_a_tuple_and_a_list_are_the_same_structure_a_single_value_is_not(make_case, run_kcoral):
-    make_case("cases/pair", CASE_RETURNING_A_PAIR, {
+    result = _graded(make_case, run_kcoral, "cases/pair", CASE_RETURNING_A_PAIR, {
         "as_list": "def run(a, b):\n    return [a + b, a - b]\n",
         "single": "def run(a, b):\n    return a + b\n",
-    })
-    result = run_kcoral("--kcoral-mode", "correctness")
-    result.assert_outcomes(passed=1, failed=1)
+    }, passed=1, failed=1)
     result.stdout.fnmatch_lines(["*cases/pair::single?seen-n=64?*", "*returned a single value, the reference returns a tuple or list of 2"])
 
 
@@ -132,16 +138,14 @@ def reference(x):
 
 
 def test_plain_numbers_in_the_output_are_compared_by_type_and_value(make_case, run_kcoral):
-    make_case("cases/numbers", CASE_RETURNING_NUMBERS, {
+    result = _graded(make_case, run_kcoral, "cases/numbers", CASE_RETURNING_NUMBERS, {
         "exact": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()), None\n",
         "float32_sum": "def run(x):\n    return x * 2, x.numel(), x.sum().item(), None\n",  # within fp32's tolerance
         "wrong_count": "def run(x):\n    return x * 2, x.numel() + 1, float(x.double().sum()), None\n",
         "count_as_float": "def run(x):\n    return x * 2, float(x.numel()), float(x.double().sum()), None\n",
         "sum_off": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()) + 1.0, None\n",
         "zero_for_none": "def run(x):\n    return x * 2, x.numel(), float(x.double().sum()), 0\n",
-    })
-    result = run_kcoral("--kcoral-mode", "correctness", "-v")
-    result.assert_outcomes(passed=2, failed=4)
+    }, passed=2, failed=4)
     result.stdout.fnmatch_lines(["*cases/numbers::exact?seen-n=64? PASSED*"], consecutive=False)
     out = result.stdout.str()
     assert "cases/numbers::float32_sum[seen-n=64] PASSED" in out
@@ -166,12 +170,10 @@ def reference(x):
 def test_complex_outputs_are_compared_in_both_parts_within_the_parts_tolerance(make_case, run_kcoral):
     # a cast to a real dtype drops the imaginary part: the conjugate would pass, and complex64
     # (no default tolerance of its own) would need bit-exact real parts
-    make_case("cases/fft", CASE_RETURNING_A_SPECTRUM, {
+    result = _graded(make_case, run_kcoral, "cases/fft", CASE_RETURNING_A_SPECTRUM, {
         "in_double": "import torch\ndef run(x):\n    return torch.fft.fft(x.double()).to(torch.complex64)\n",
         "conjugate": "import torch\ndef run(x):\n    return torch.fft.fft(x).conj().resolve_conj()\n",
-    })
-    result = run_kcoral("--kcoral-mode", "correctness", "-v")
-    result.assert_outcomes(passed=1, failed=1)
+    }, passed=1, failed=1)
     out = result.stdout.str()
     assert "cases/fft::in_double[seen-n=64] PASSED" in out
     # the index's last position is the part: 1, imaginary
@@ -233,12 +235,10 @@ def reference(x):
 
 def test_a_wrong_infinity_is_named_not_measured(make_case, run_kcoral):
     # an error at an infinity has no size: it once read "max abs error 0"
-    make_case("cases/inf", CASE_WITH_INFINITIES, {
+    result = _graded(make_case, run_kcoral, "cases/inf", CASE_WITH_INFINITIES, {
         "same": "def run(x):\n    y = x.clone()\n    y[0] = float('inf')\n    y[1] = float('nan')\n    return y\n",
         "flipped": "def run(x):\n    y = x.clone()\n    y[0] = -float('inf')\n    y[1] = float('nan')\n    return y\n",
-    })
-    result = run_kcoral("--kcoral-mode", "correctness", "-v")
-    result.assert_outcomes(passed=1, failed=1)
+    }, passed=1, failed=1)
     out = result.stdout.str()
     assert "trial 1 of 3: output 0: 1 of 8 elements differ where the reference is NaN/Inf; first at index (0,): got -inf, expected inf" in out
     assert "max abs error" not in out
@@ -272,14 +272,12 @@ def reference(x):
 
 def test_nested_and_dict_outputs_are_compared_leaf_by_leaf_and_by_shape(make_case, run_kcoral):
     # an nn.LSTM returns (out, (h, c)): a reference may nest its results, or name them in a dict
-    make_case("cases/nested", CASE_RETURNING_NESTED, {
+    result = _graded(make_case, run_kcoral, "cases/nested", CASE_RETURNING_NESTED, {
         "same": "def run(x):\n    return [x * 2, [x + 1, x - 1], {'count': x.numel(), 'total': x.sum()}]\n",
         "flat": "def run(x):\n    return x * 2, x + 1, x - 1, x.sum(), x.numel()\n",
         "wrong_leaf": "def run(x):\n    return x * 2, (x + 1, x + 1), {'total': x.sum(), 'count': x.numel()}\n",
         "other_key": "def run(x):\n    return x * 2, (x + 1, x - 1), {'sum': x.sum(), 'count': x.numel()}\n",
-    })
-    result = run_kcoral("--kcoral-mode", "correctness", "-v")
-    result.assert_outcomes(passed=1, failed=3)
+    }, passed=1, failed=3)
     out = result.stdout.str()
     assert "cases/nested::same[seen-n=16] PASSED" in out  # lists for tuples, keys in any order
     assert ("trial 1 of 3: returned outputs shaped (_, _, _, _, _), the reference's are shaped "
