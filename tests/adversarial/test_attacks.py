@@ -25,7 +25,9 @@ def _grade(make_case, run_kcoral, source: str, *args: str, case: str | None = No
     return run_kcoral(*args)
 
 
-def _marker_processes(marker: str = attacks.MARKER) -> list[str]:
+def _marker_processes(marker: str) -> list[str]:
+    """Processes whose name (argv[0]) is exactly ``marker``: under xdist another test's strays
+    (``-detached-exit`` beside ``-detached``) may be alive at the same moment."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -34,7 +36,7 @@ def _marker_processes(marker: str = attacks.MARKER) -> list[str]:
                     cmdline = f.read()
             except OSError:
                 continue
-            if marker.encode() in cmdline:
+            if cmdline.split(b"\0", 1)[0] == marker.encode():
                 found.append(f"{name}: {cmdline!r}")
     return found
 
