@@ -84,14 +84,17 @@ def main() -> None:
     # and the session's fixed cost: start-up before the first lease, the tail after the last
     phases = sorted({p for _, _, items, _ in phase_rows for i in items for p in i.get("phases_ms", {})})
     print("\n| run | workers | " + " | ".join(f"{p} s" for p in phases)
-          + " | lease held s | lease wait s | start to first lease s | lease window s | last lease to end s |")
-    print("|---|---|" + "---|" * (len(phases) + 5))
+          + " | lease held s | lease wait s | start to first lease s | lease window s | last lease to end s | window vs first |")
+    print("|---|---|" + "---|" * (len(phases) + 6))
+    # the window's ratio is the speedup the workers reach on the GPU work itself, before the
+    # session's fixed start and end, which no number of GPUs shortens
+    first_window = phase_rows[0][3][1] if phase_rows else float("nan")
     for k, n, items, window in phase_rows:
         sums = [sum(i.get("phases_ms", {}).get(p, 0.0) for i in items) / 1e3 for p in phases]
         held = sum(i.get("lease_held_ms") or 0.0 for i in items) / 1e3
         wait = sum(i.get("lease_wait_ms") or 0.0 for i in items) / 1e3
         print(f"| {k + 1} | {n} | " + " | ".join(f"{v:.1f}" for v in sums) + f" | {held:.1f} | {wait:.1f} | "
-              + " | ".join(f"{v:.1f}" for v in window) + " |")
+              + " | ".join(f"{v:.1f}" for v in window) + f" | {first_window / window[1]:.2f}x |")
 
     # what the devices could not share: each one's idle time inside the runs' lease window, between
     # its leases (the next item's compile, outside the lease) and before its first or after its

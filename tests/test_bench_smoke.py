@@ -30,6 +30,9 @@ def test_scaling_bench_reports_each_run_and_no_lease_overlap(tmp_path):
     assert [row[-2].strip() for row in rows] == ["wall 6", "wall 6"], "timed by"
     assert "TIMER FALLBACK" not in out
     assert rows[0][6].strip() == "1.00x" and rows[1][6].strip().endswith("x")  # items/s against the first run
+    # each run's lease window against the first's, and each device's idle time in it
+    assert re.search(r"^\| 1 \| 1 \| .* \| 1\.00x \|$", out, re.M), out
+    assert re.search(r"^\| 1 \| cpu \| 6 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
     # the saved artifacts compared offline: the wall clock is a CPU's own timer, so nothing is marked ~
     compared = _bench("compare_runs.py", str(tmp_path / "scaling_0_n1.json"), str(tmp_path / "scaling_1_n2.json"))
     assert re.search(r"^\| all \| [\d.]+% \| \d+% of 6 \| [\d.]+% \|$", compared, re.M), compared
