@@ -168,6 +168,8 @@ class SuiteScore:
     pass_at_k: dict[str, float] | None  # "1", "2", ... -> mean over (team, case); None: one attempt
     pass_at_k_by_team_case: list[dict[str, Any]]
     bench_lite_total: float  # weighted, summed over every pair
+    # some item was timed: False in --kcoral-mode correctness, where speed is not measured at all
+    timed: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -395,13 +397,17 @@ def pass_at_k_table(candidates: Sequence[CandidateScore]) -> tuple[dict[str, flo
 
 
 def score_suite(candidates: Sequence[CandidateScore], items: Iterable[ItemResult]) -> SuiteScore:
+    items = list(items)
     n = len(candidates)
     correct = [c for c in candidates if c.correct_seen]
     speedups = [c.scored_speedup for c in correct if c.scored_speedup is not None]
     # A gap says how a working kernel generalizes; an incorrect pair's speedups earn nothing.
     gaps = [c.generalization_gap for c in correct if c.generalization_gap is not None]
+    # correct pairs and not one item timed: the run measured no speed (correctness mode), and
+    # "fast_0 0%" would read as "none of them is correct"
+    timed = any(it.t_candidate_us is not None or it.speedup is not None or it.stage == "timing" for it in items)
     fast_p = {
-        f"{p:g}": (sum(1 for s in speedups if s > p) / n if n else None) for p in FAST_P_THRESHOLDS
+        f"{p:g}": (sum(1 for s in speedups if s > p) / n if n and (timed or not correct) else None) for p in FAST_P_THRESHOLDS
     }
     quadrants = unseen_quadrants(items)
     averaged, rows = pass_at_k_table(candidates)
@@ -418,6 +424,7 @@ def score_suite(candidates: Sequence[CandidateScore], items: Iterable[ItemResult
         pass_at_k=averaged,
         pass_at_k_by_team_case=rows,
         bench_lite_total=sum(c.bench_lite_weighted for c in candidates),
+        timed=timed,
     )
 
 

@@ -355,3 +355,15 @@ def test_to_dict_is_json_ready():
     json.dumps([c.to_dict() for c in scores.candidates])
     json.dumps(scores.suite.to_dict())
     json.dumps([e.to_dict() for e in scores.leaderboard])
+
+
+def test_correct_pairs_without_any_timing_have_no_fast_p():
+    # --kcoral-mode correctness: "fast_0 0%" would read as "none of them is correct"
+    suite = scoring.score([item(), item(candidate="v2")]).suite
+    assert suite.correctness_rate == 1.0 and not suite.timed
+    assert suite.fast_p == {"0": None, "1": None, "1.5": None, "2": None}
+    from pytest_kcoral.report.terminal import suite_lines
+
+    assert "fast_0 - fast_1 - fast_1.5 - fast_2 -  (nothing timed: --kcoral-mode correctness measures no speed)" in suite_lines(scoring.score([item()]))
+    timed = scoring.score([item(speedup=2.0), item(candidate="v2")]).suite
+    assert timed.timed and timed.fast_p["1"] == pytest.approx(0.5)
