@@ -74,6 +74,42 @@ def kcoral_url(tmp_path_factory: pytest.TempPathFactory):
             server.wait(10)
 
 
+@pytest.fixture(scope="module")
+def kcoral_router_url(tmp_path_factory: pytest.TempPathFactory):
+    """A real ``kcoral router`` with one ``kcoral server --device cpu`` node behind it, both on
+    free loopback ports and stopped after the module: the setup for more than one machine."""
+    for module in ("fastapi", "uvicorn", "grpc"):
+        try:
+            __import__(module)
+        except ImportError:
+            pytest.skip(f"a kcoral router node needs {module}: pip install -e '.[remote]'")
+    workdir = tmp_path_factory.mktemp("kcoral-router")
+    router_port, node_port = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{router_port}"
+    processes: list[subprocess.Popen] = []
+    try:
+        with open(workdir / "router.log", "wb") as log:
+            processes.append(subprocess.Popen([sys.executable, "-m", "kcoral", "router", "--host", "127.0.0.1", "--port", str(router_port)],
+                                              cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        with open(workdir / "node.log", "wb") as log:
+            processes.append(subprocess.Popen([sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1",
+                                               "--port", str(node_port), "--router", url, "--node-id", "node-1", "--num-workers", "1",
+                                               "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""],
+                                              cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        reason = _wait_until_ready(processes[0], url, workdir / "router.log")
+        if reason:
+            pytest.skip(f"{reason}; node log: {_tail(workdir / 'node.log')}")
+        yield url
+    finally:
+        for process in reversed(processes):  # the node first, then the router
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, 9)
+                process.wait(10)
+
+
 def _wait_until_ready(server: subprocess.Popen, url: str, log_path: Path) -> str | None:
     """None once the server answers and a worker has run a program; otherwise why not."""
     deadline = time.monotonic() + SERVER_START_S
@@ -202,6 +238,18 @@ def test_local_and_remote_runs_agree_per_nodeid(make_case, run_kcoral, pytester,
         fields = ("outcome", "stage", "compiled", "correct", "baseline_correct", "timer")
         assert {f: remote[nodeid][f] for f in fields} == {f: item[f] for f in fields}, nodeid
         assert set(remote[nodeid]) == set(item), nodeid  # the same ItemResult fields
+
+
+def test_a_router_in_front_of_the_server_grades_the_same(make_case, run_kcoral, pytester, kcoral_router_url):
+    # --kcoral-url names a router as readily as a server: programs reach a node through it
+    make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "wrong": WRONG})
+    result = run_kcoral("-m", "seen", "--kcoral-url", kcoral_router_url, "--kcoral-json", "routed.json")
+    result.assert_outcomes(passed=1, failed=1, deselected=2)
+    items = _items(pytester.path / "routed.json")
+    good, wrong = items["cases/add::good[seen-n=256]"], items["cases/add::wrong[seen-n=256]"]
+    assert good["stage"] == "done" and good["device"] == f"cpu@{kcoral_router_url}" and good["speedup"] is not None
+    assert all(p["status"] == "COMPLETED" for p in good["extra"]["remote"]["programs"])
+    assert wrong["stage"] == "correctness" and "outside atol" in wrong["message"]
 
 
 def test_unreachable_url_is_a_usage_error_naming_it(make_case, run_kcoral):
