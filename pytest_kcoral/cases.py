@@ -133,6 +133,9 @@ def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
     except Exception as exc:
         sys.modules.pop(mod_name, None)
         raise CaseError(path, f"importing it raised {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:  # would end the whole session (pytest's INTERNALERROR), not one case
+        sys.modules.pop(mod_name, None)
+        raise CaseError(path, f"importing it called sys.exit({exc.code!r})") from None
     return module
 
 
@@ -254,7 +257,7 @@ def _check_cost(cost: Any, shapes: list[Shape]) -> tuple[str, ...]:
     for shape in shapes:
         try:
             problem = cost_problem(cost(dict(shape.params)))
-        except Exception as exc:  # noqa: BLE001 - the case's code; reported, not raised
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the case's code; reported, not raised
             problem = f"raised {type(exc).__name__}: {exc}"[:300]
         if problem:
             problems.append(f"cost(shape) for {shape.split} shape {shape.shape_id} {problem}")

@@ -313,3 +313,14 @@ def test_a_syntax_error_in_a_helper_names_the_helper(make_case, run_kcoral):
     make_case("cases/add", "from utils import add\nSEEN = [{'n': 4}]\n", files={"utils.py": "def add(a, b)\n    return a + b\n"})
     result = run_kcoral()
     result.stdout.fnmatch_lines(["*cases/add/case.py: importing it raised SyntaxError in *cases/add/utils.py at line 1: *"])
+
+
+def test_a_case_that_exits_at_import_is_its_own_collection_error(make_case, run_kcoral, pytester):
+    # sys.exit() in a case.py once ended the whole session with an INTERNALERROR, grading nothing
+    make_case("cases/exits", "import sys\nsys.exit(3)\n")
+    make_case("cases/add")
+    result = run_kcoral("-m", "seen", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1, errors=1, deselected=1)
+    result.stdout.fnmatch_lines(["*cases/exits/case.py: importing it called sys.exit(3)*"])
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert [e["nodeid"] for e in doc["collection_errors"]] == ["cases/exits"]
