@@ -69,8 +69,9 @@ def suite_lines(scores: Scores) -> list[str]:
     fast = " ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     lines = [
         f"pairs {s.pairs}  compiled {fmt_pct(s.compile_rate)}  correct {fmt_pct(s.correctness_rate)}",
-        fast if s.timed or not s.pairs or any(v is not None for v in s.fast_p.values())
-        else fast + "  (nothing timed: --kcoral-mode correctness measures no speed)",
+        # pairs but no fast_p at all: correct pairs, nothing timed (``score_suite``)
+        fast + "  (nothing timed: --kcoral-mode correctness measures no speed)"
+        if s.pairs and all(v is None for v in s.fast_p.values()) else fast,
         f"speedup mean {fmt_speedup(s.mean_speedup)}  geomean {fmt_speedup(s.geomean_speedup)}"
         f"  mean gap {fmt_pct(s.mean_generalization_gap)}",
         f"unseen P(candidate ok | baseline ok) {fmt_pct(s.conditional_correctness)}:"
