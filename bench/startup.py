@@ -14,8 +14,9 @@ medians over ``--repeats`` of
 4. a real child started from the template (``isolation.Child``) for a CUDA case: start-up to its
    first reply;
 5. a grading session of one case in correctness mode: its wall time, when the first lease was
-   taken, the first item's compile phase (which waits for the template's imports), and the time
-   from the last lease to the end.
+   taken, the first item's compile phase (which waits for the template's imports), the later
+   items' (a child's start and the candidate's import: the device's idle time between items on
+   one GPU), and the time from the last lease to the end.
 
 Scaling's fixed cost (``bench/scaling.py``'s "start to first lease" and "last lease to end") is
 what the two GPUs cannot share; this bench says what it is made of.
@@ -168,6 +169,10 @@ def session_timeline(case: str, extra: list[str]) -> dict:
         "wall_s": ended - started,
         "first_lease_s": leases[0]["t_acquired"] - started if leases else None,
         "first_compile_s": (first.get("phases_ms") or {}).get("compile", 0) / 1000,
+        # every later item's compile: a candidate child's start and import, outside the lease,
+        # so on one GPU the device idles for it between items
+        "later_compile_s": statistics.median(later) if (later := [it["phases_ms"]["compile"] / 1000 for it in doc["items"]
+                                                                  if it is not first and "compile" in (it.get("phases_ms") or {})]) else None,
         "last_lease_to_end_s": ended - leases[-1]["t_released"] if leases else None,
         "items": len(doc["items"]),
     }
@@ -188,9 +193,10 @@ def main() -> None:
 
     timeline = session_timeline(args.case, [])
     print(f"\nsession: `{timeline['command']}` ({timeline['items']} items)\n")
-    print("| wall s | first lease at s | first item's compile s | last lease to end s |\n|---|---|---|---|")
+    print("| wall s | first lease at s | first item's compile s | later items' compile s (median) | last lease to end s |\n|---|---|---|---|---|")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    print(f"| {fmt(timeline['wall_s'])} | {fmt(timeline['first_lease_s'])} | {fmt(timeline['first_compile_s'])} | {fmt(timeline['last_lease_to_end_s'])} |")
+    print(f"| {fmt(timeline['wall_s'])} | {fmt(timeline['first_lease_s'])} | {fmt(timeline['first_compile_s'])} | "
+          f"{fmt(timeline['later_compile_s'])} | {fmt(timeline['last_lease_to_end_s'])} |")
 
     if not _has_gpu():
         print("\nno CUDA device: the child's GPU start-up parts are not measured")
@@ -208,10 +214,11 @@ def main() -> None:
 
 
 def _has_gpu() -> bool:
-    """Whether a GPU is listed, without initializing CUDA in this process (the forks need it clean)."""
-    from pytest_kcoral.devices import query_nvidia_smi
+    """Whether this process sees a GPU, without initializing CUDA here (the forks need it clean)."""
+    from pytest_kcoral.devices import map_visible_gpus, query_nvidia_smi
 
-    return bool(query_nvidia_smi())
+    rows = query_nvidia_smi()
+    return bool(rows) and bool(map_visible_gpus(rows, os.environ.get("CUDA_VISIBLE_DEVICES")))
 
 
 if __name__ == "__main__":

@@ -44,3 +44,12 @@ def test_self_speedup_bench_grades_the_baseline_against_itself(tmp_path):
     out = _bench("self_speedup.py", "--budget", "0.02", "--out", str(tmp_path), "--", "-m", "seen", "-k", "self and vector_add")
     assert re.search(r"^2 items graded in \d+ s; 2 speedups; failed: none$", out, re.M), out
     assert "| baseline < 20 us |" in out
+
+
+def test_startup_bench_breaks_down_a_session_on_the_cpu():
+    out = _bench("startup.py", "--repeats", "1")
+    assert re.search(r"^\| fresh interpreter: import torch \| [\d.]+ \|$", out, re.M), out
+    # wall, first lease, first compile, later compiles, tail: all measured on the CPU's 9 items
+    assert re.search(r"^\| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
+    assert "(9 items)" in out
+    assert "no CUDA device: the child's GPU start-up parts are not measured" in out
