@@ -20,6 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pytest_kcoral.speed_of_light import cost_problem
+
 NATIVE = "native"
 KCORAL_BENCH = "kcoral"
 KERNELBENCH = "kernelbench"
@@ -251,8 +253,6 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
 def _check_cost(cost: Any, shapes: list[Shape]) -> tuple[str, ...]:
     """``cost(shape)`` on every shape, at collection: an answer the report cannot use would
     otherwise only show as figures missing from the summary."""
-    from pytest_kcoral.speed_of_light import cost_problem
-
     problems = []
     for shape in shapes:
         try:

@@ -299,8 +299,10 @@ class _Runner:
             _poison(header.get("poison_bytes", []), self.device)
             out = fn()
             _synchronize(self.device)
-            out_tuple, problems = _inspect_outputs(out, args, self.device)
-            structures.append(flatten_outputs(out)[1])
+            # flattened once: a container of the candidate's could yield other values a second time
+            out_tuple, structure = flatten_outputs(out)
+            problems = _inspect_outputs(out_tuple, args, self.device)
+            structures.append(structure)
             findings.append(problems)
             outputs.append(_to_cpu(out_tuple) if not problems else None)
             inputs_changed.append(correctness.changed_inputs(before, args))
@@ -377,7 +379,8 @@ class _Runner:
             stats.flags.append(f"input_sets={len(sets)}: small inputs, each set placed apart")
         verify = []
         for entry in kept:
-            out_tuple, problems = _inspect_outputs(entry["out"], (), self.device)
+            out_tuple = _leaves(entry["out"])
+            problems = _inspect_outputs(out_tuple, (), self.device)
             verify.append({"seed": entry["seed"], "outputs": None if problems else _to_cpu(out_tuple)})
         return {"stats": stats.to_dict(), "verify_seeds": [v["seed"] for v in verify]}, {"verify": verify}
 
@@ -443,14 +446,14 @@ def _synchronize(device: str) -> None:
 _PLAIN_SCALARS = (int, float, bool, type(None))  # exact types: a subclass could compare equal to anything
 
 
-def _inspect_outputs(out: Any, args: tuple, device: str) -> tuple[tuple, list[str]]:
-    """Checks that need the live objects: plain dense tensors, on the device, not aliasing inputs.
-    Plain Python numbers and None pass through (a reference may return a count, a scalar or an
-    empty slot); the pytest process compares them with the reference's."""
+def _inspect_outputs(values: tuple, args: tuple, device: str) -> list[str]:
+    """Checks of a result's values (``flatten_outputs``) that need the live objects: plain dense
+    tensors, on the device, not aliasing inputs. Plain Python numbers and None pass through (a
+    reference may return a count, a scalar or an empty slot); the pytest process compares them
+    with the reference's."""
     import torch
 
     problems = []
-    values = _leaves(out)
     want = torch.device(device)
     for i, value in enumerate(values):
         if type(value) in _PLAIN_SCALARS:
@@ -468,7 +471,7 @@ def _inspect_outputs(out: Any, args: tuple, device: str) -> tuple[tuple, list[st
         for j, arg in enumerate(args):
             if isinstance(arg, torch.Tensor) and _overlaps(value, arg):
                 problems.append(f"output {i} shares memory with input {j}")
-    return values, problems
+    return problems
 
 
 def _require_plain_outputs(values: tuple, who: str) -> None:

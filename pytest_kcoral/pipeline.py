@@ -457,8 +457,8 @@ class LocalExecutor:
         result.t_candidate_us = candidate_stats.median_us
         result.timer = candidate_stats.method
         result.speedup = speedup_between(baseline_stats, candidate_stats)
-        result.speed_of_light = speed_of_light.report(speed_of_light.valid_cost(cost), (floor or {}).get("spec_bytes_per_s"),
-                                                      result.t_baseline_us, result.t_candidate_us)
+        # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
+        result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
         checked = random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(verify, min(len(verify), VERIFIED_TIMED_CALLS))
         with timed_phase(result, "verify"):
             self._verify_timed_outputs(trusted, checked, spec, device, tol)

@@ -194,12 +194,10 @@ def reference(x):
 
 def test_fp8_outputs_are_graded_within_one_unit_in_the_last_place(make_case, run_kcoral):
     # the weak-reference check once called ops fp8 lacks, and every fp8 case failed as a case
-    make_case("cases/quantize", CASE_RETURNING_FP8, {
+    result = _graded(make_case, run_kcoral, "cases/quantize", CASE_RETURNING_FP8, {
         "same": "import torch\ndef run(x):\n    return (x * 1.5).to(torch.float8_e4m3fn)\n",
         "off_by_two_steps": "import torch\ndef run(x):\n    return (x * 1.5 * 1.25).to(torch.float8_e4m3fn)\n",
-    })
-    result = run_kcoral("--kcoral-mode", "correctness", "-v")
-    result.assert_outcomes(passed=1, failed=1)
+    }, passed=1, failed=1)
     out = result.stdout.str()
     assert "CASE FAILED" not in out
     assert "cases/quantize::same[seen-n=64] PASSED" in out

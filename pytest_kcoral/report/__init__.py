@@ -102,7 +102,6 @@ def speed_of_light_lines(candidates: Sequence[CandidateScore]) -> list[str]:
     lines = [SPEED_OF_LIGHT_TITLE]
     for c in rated:
         sol = c.speed_of_light
-        peak = fmt_of_peak(sol)
-        lines.append(f"  {pair_name(c.case, c.candidate)} [{sol['shape_id']}]: {fmt_rates(sol)}"
-                     + (f" = {peak}" if peak != "-" else "") + f" (baseline {fmt_rates(sol, 'baseline')})")
+        peak = f" = {fmt_of_peak(sol)}" if sol.get("candidate_of_peak") is not None else ""
+        lines.append(f"  {pair_name(c.case, c.candidate)} [{sol['shape_id']}]: {fmt_rates(sol)}{peak} (baseline {fmt_rates(sol, 'baseline')})")
     return lines
