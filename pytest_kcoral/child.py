@@ -125,7 +125,10 @@ def _is_compile_error(exc: BaseException) -> bool:
     return False
 
 
-_CUDA_MISSING = ("Torch not compiled with CUDA", "No CUDA GPUs are available", "Found no NVIDIA driver", "CUDA driver")
+# what torch says when a case needs CUDA on a machine without it; a CPU build of torch raises the
+# last one for ``torch.Generator(device="cuda")``, which GPU MODE's reference.py files use
+_CUDA_MISSING = ("Torch not compiled with CUDA", "No CUDA GPUs are available", "Found no NVIDIA driver", "CUDA driver",
+                 "without ATen_cuda library")
 
 
 def _needs_cuda(exc: BaseException) -> bool:

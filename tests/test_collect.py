@@ -236,13 +236,18 @@ def test_gpu_only_shape_skips_on_cpu(pytester, make_case, run_kcoral):
     result.stdout.fnmatch_lines(["*gpu_only and no GPU is visible*"])
 
 
-def test_case_whose_inputs_need_cuda_skips_on_cpu(pytester, make_case, run_kcoral):
+@pytest.mark.parametrize("make", [
+    'torch.randn(shape["n"], device="cuda")',
+    # GPU MODE's reference.py draws from a CUDA generator; torch's CPU build words that error apart
+    'torch.randn(shape["n"], device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))',
+], ids=["cuda-tensor", "cuda-generator"])
+def test_case_whose_inputs_need_cuda_skips_on_cpu(pytester, make_case, run_kcoral, make):
     src = textwrap.dedent(
-        """
+        f"""
         import torch
-        SEEN = [{"n": 64}]
+        SEEN = [{{"n": 64}}]
         def make_inputs(shape, device):
-            return (torch.randn(shape["n"], device="cuda"),)
+            return ({make},)
         def reference(x):
             return x * 2
         """
