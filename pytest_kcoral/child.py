@@ -33,6 +33,7 @@ _rng = random.SystemRandom()  # timing-input seeds a candidate cannot predict
 def main(conn: Connection, output: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any]) -> None:
     """Entry point of a child (a multiprocessing target started from the template process)."""
     os.setsid()  # own process group: the parent kills the child and whatever it started at once
+    leftovers.die_with_parent()  # the template dies with the pytest process, and the child with it
     # detached grandchildren (setsid + double fork) come back to this process, where they are found
     leftovers.become_subreaper()
     for fd in (1, 2):

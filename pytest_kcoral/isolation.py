@@ -90,6 +90,9 @@ def ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
             return
         if _template_ready:
             stop_template()
+        env = dict(env)
+        if threading.current_thread() is threading.main_thread():
+            env[leftovers.TEMPLATE_DIES_WITH_PARENT_ENV] = "1"
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         saved_exe = spawn.get_executable()

@@ -22,6 +22,11 @@ import time
 from dataclasses import dataclass, field
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+# Set by ``isolation.ensure_template`` when the main thread starts the template: a parent's death
+# signal fires when the thread that started the process ends, and the main thread ends only with
+# the pytest process.
+TEMPLATE_DIES_WITH_PARENT_ENV = "KCORAL_TEMPLATE_DIES_WITH_PARENT"
 
 # How long a thread the candidate started may take to finish after its call returned.
 THREAD_GRACE_S = 0.2
@@ -32,6 +37,20 @@ def become_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent() -> bool:
+    """This process gets SIGKILL when the thread that started it ends (Linux); False elsewhere.
+
+    A child holds the template's liveness pipe, so the template outlives the pytest process as
+    long as any child does, and a child busy in candidate code never reads its parent's channel:
+    without this, a pytest process killed outright (SIGKILL, a cancelled CI job) leaves the
+    template and a sleeping candidate running for good."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 

@@ -5,6 +5,8 @@ collect (``cases``, ``candidates``, ``items``) -> run (``pipeline``: ``isolation
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except SandboxUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
+    _stop_on_sigterm_as_on_ctrl_c(config)
     config.pluginmanager.import_plugin("pytest_kcoral.lease_plugin")
     config.pluginmanager.import_plugin("pytest_kcoral.scheduling")
     for line in MARKERS:
@@ -82,6 +85,21 @@ def _check_diagnostics(config: pytest.Config, settings: Settings) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def _stop_on_sigterm_as_on_ctrl_c(config: pytest.Config) -> None:
+    """SIGTERM (a cancelled CI job, ``timeout``, ``kill``) ends the session as Ctrl-C does: the
+    children are stopped, and the JSON artifact and the reports are written, marked partial.
+    By default SIGTERM ends Python at once, with no cleanup and no artifact. A handler someone
+    else installed is left alone, and so is a session run off the main thread."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+
+
 def pytest_configure_node(node: Any) -> None:  # xdist controller: hand the session seed on
     node.workerinput["kcoral_seed"] = node.config.stash[settings_key].seed
 

@@ -16,6 +16,7 @@ baseline and the candidate are timed in two processes, so such a lottery passes 
 from __future__ import annotations
 
 import ctypes
+import os
 import warnings
 
 from pytest_kcoral import leftovers
@@ -33,4 +34,6 @@ def without_transparent_huge_pages() -> bool:
 
 warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
 leftovers.become_subreaper()
+if os.environ.pop(leftovers.TEMPLATE_DIES_WITH_PARENT_ENV, None) == "1":
+    leftovers.die_with_parent()
 without_transparent_huge_pages()

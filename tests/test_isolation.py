@@ -250,3 +250,50 @@ def reference(a, b):
     for r in candidate:  # the candidate keeps its caches (a Triton kernel compiles once per host)
         assert r["env"]["TRITON_ALWAYS_COMPILE"] != "1"
         assert r["inductor_caches_off"] is False
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie nobody reaps counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_stopped_session_leaves_no_candidate_running(pytester, make_case, sig):
+    """A cancelled CI job sends SIGTERM, and then SIGKILL: neither may leave the template or a
+    candidate running, and SIGTERM still writes the artifact, marked partial."""
+    import signal
+    import subprocess
+
+    pid_file = pytester.path / "candidate.pid"
+    sleeper = f"import os, time\ndef run(a, b):\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n    return a + b\n"
+    make_case("cases/add", candidates={"sleeper": sleeper})
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases",
+                                "-k", "seen and not unseen", "--kcoral-mode", "correctness", "--kcoral-timeout", "300",
+                                "--kcoral-json", "out.json"], cwd=pytester.path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and session.poll() is None, "the candidate never started"
+            time.sleep(0.1)
+        candidate = int(pid_file.read_text())
+        with open(f"/proc/{candidate}/stat") as f:
+            template = int(f.read().rsplit(")", 1)[1].split()[1])
+        session.send_signal(getattr(signal, sig))
+        code = session.wait(60)
+    finally:
+        if session.poll() is None:
+            session.kill()
+    deadline = time.monotonic() + 10
+    while (_running(candidate) or _running(template)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(candidate), f"the candidate ({candidate}) outlived the session"
+    assert not _running(template), f"the template ({template}) outlived the session"
+    if sig == "SIGTERM":
+        assert code == pytest.ExitCode.INTERRUPTED
+        assert json.loads((pytester.path / "out.json").read_text())["partial"] is True
