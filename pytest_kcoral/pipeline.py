@@ -90,7 +90,7 @@ class ReferenceData:
 
     inputs: list[tuple]
     reference: list[tuple]
-    baseline_correct: bool
+    baseline_correct: bool | None  # None: the baseline is the reference, nothing to check
     baseline_problems: list[str] = field(default_factory=list)
     weak: bool = False
     structure: Any = None  # the reference's containers (``child.flatten_outputs``); None: not known
@@ -315,9 +315,10 @@ class LocalExecutor:
             return cached
         seeds = [derive_seed(self.settings.seed, case.case_id, shape.split, shape.shape_id, t) for t in range(self.settings.trials)]
         # a KernelBench baseline is the reference module itself: nothing to check
+        check_baseline = case.has_baseline and case.format != KERNELBENCH
         header, payload = self._trusted_call(
             trusted, "reference", "reference", shape=shape.params, seeds=seeds, device=device,
-            baseline=case.has_baseline and case.format != KERNELBENCH, tolerance=[tol.atol, tol.rtol, tol.strict],
+            baseline=check_baseline, tolerance=[tol.atol, tol.rtol, tol.strict],
         )
         if header.get("unsteady"):
             raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference is not deterministic: a second call on"
@@ -326,7 +327,8 @@ class LocalExecutor:
         data = ReferenceData(
             inputs=payload["inputs"],
             reference=payload["reference"],
-            baseline_correct=not baseline_problems,
+            # None where the baseline is the reference: such shapes stay out of the quadrants
+            baseline_correct=not baseline_problems if check_baseline else None,
             baseline_problems=baseline_problems,
             weak=bool(header["weak"]),
             structure=header.get("structure"),

@@ -182,6 +182,14 @@ def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral,
     assert item["correct"] is True and item["baseline_correct"] is False
 
 
+def test_a_case_whose_baseline_is_its_reference_stays_out_of_the_quadrants(make_case, run_kcoral, pytester):
+    make_case("cases/add", candidates={"good": GOOD})  # no baseline: the reference is timed
+    run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=2)
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert [i["baseline_correct"] for i in doc["items"]] == [None] * 2  # nothing checked separately
+    assert set(doc["suite"]["quadrants"].values()) == {0} and doc["suite"]["conditional_correctness"] is None
+
+
 def test_baseline_correctness_is_recorded_when_the_candidate_does_not_compile(make_case, run_kcoral, pytester):
     make_case("cases/add", DISAGREEING_BASELINE, {"broken": "def run(a, b) return a\n"})
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(failed=1)
