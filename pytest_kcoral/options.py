@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -63,6 +65,31 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Torch CPU threads of each process (pytest and children); default: a share of the cores per worker")
 
 
+MAX_TRIALS = 1000  # correctness input sets: more only ends in the item's timeout
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: larger waits overflow the timers they reach
+
+
+def _check_seconds(opt: Callable[[str], Any], option: str, zero_ok: bool = False) -> None:
+    """A time option, when given, is a finite number of seconds above zero (or zero)."""
+    value = opt(option.lstrip("-").replace("-", "_"))
+    if value is None:
+        return
+    if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0) and value <= MAX_SECONDS):
+        least = "0 or more" if zero_ok else "above 0"
+        raise pytest.UsageError(f"{option} must be a number of seconds, {least} and at most {MAX_SECONDS:.0f}, not {value}")
+
+
+def _check_lease_dir(path: Path) -> None:
+    """--kcoral-lease-dir names a directory this process can make lock files in (made if missing),
+    said at the start rather than as a collection error of the first case."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"--kcoral-lease-dir {path}: cannot be made a directory ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise pytest.UsageError(f"--kcoral-lease-dir {path}: this user cannot create lock files there")
+
+
 @dataclass(frozen=True)
 class Settings:
     """The options of this session, validated once."""
@@ -92,15 +119,23 @@ class Settings:
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
         opt = config.getoption
-        if opt("kcoral_trials") < 1:
-            raise pytest.UsageError("--kcoral-trials must be at least 1")
-        if opt("kcoral_timeout") <= 0:
-            raise pytest.UsageError("--kcoral-timeout must be positive")
+        if not 1 <= opt("kcoral_trials") <= MAX_TRIALS:
+            raise pytest.UsageError(f"--kcoral-trials must be from 1 to {MAX_TRIALS}, not {opt('kcoral_trials')}")
+        _check_seconds(opt, "--kcoral-timeout")
+        _check_seconds(opt, "--kcoral-timing-budget")
+        _check_seconds(opt, "--kcoral-lease-timeout", zero_ok=True)
+        min_speedup = opt("kcoral_min_speedup")
+        if min_speedup is not None and not (math.isfinite(min_speedup) and min_speedup > 0):
+            raise pytest.UsageError(f"--kcoral-min-speedup must be a positive number, not {min_speedup}")
         given_seed = opt("kcoral_seed")
         if seed is None:
             seed = given_seed if given_seed is not None else secrets.randbits(63)
         json_path = opt("kcoral_json")
+        if json_path and Path(json_path).is_dir():
+            raise pytest.UsageError(f"--kcoral-json {json_path}: a directory; give the path of the file to write")
         lease_dir = opt("kcoral_lease_dir")
+        if lease_dir:
+            _check_lease_dir(Path(lease_dir))
         artifacts = opt("kcoral_artifacts")
         timer = opt("kcoral_timer")
         timing_cpu = str(opt("kcoral_timing_cpu"))

@@ -40,6 +40,12 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = Settings.from_config(config, seed=seed)
     if (settings.ncu or settings.sanitizer) and not config.option.collectonly:
         _check_diagnostics(config, settings)
+    if settings.timer in ("cupti", "events") and not settings.url and not config.option.collectonly:
+        from pytest_kcoral.lease_plugin import get_devices
+
+        if not any(d.is_cuda for d in get_devices(config)):  # else every item would fail as its case's fault
+            raise pytest.UsageError(f"--kcoral-timer {settings.timer} times CUDA devices, and none is visible here; "
+                                    "a CPU is timed by the wall clock (--kcoral-timer wall or auto)")
     if settings.url and not config.option.collectonly:
         from pytest_kcoral.remote import RemoteUnavailable, connect
 
@@ -84,7 +90,6 @@ def _check_diagnostics(config: pytest.Config, settings: Settings) -> None:
         raise pytest.UsageError(f"{asked} needs a GPU, and none is visible")
 
 
-@pytest.hookimpl(optionalhook=True)
 def _stop_on_sigterm_as_on_ctrl_c(config: pytest.Config) -> None:
     """SIGTERM (a cancelled CI job, ``timeout``, ``kill``) ends the session as Ctrl-C does: the
     children are stopped, and the JSON artifact and the reports are written, marked partial.
@@ -100,6 +105,7 @@ def _stop_on_sigterm_as_on_ctrl_c(config: pytest.Config) -> None:
     config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:  # xdist controller: hand the session seed on
     node.workerinput["kcoral_seed"] = node.config.stash[settings_key].seed
 

@@ -189,6 +189,25 @@ def test_a_missing_submissions_folder_is_a_usage_error(make_case, run_kcoral):
     result.stderr.fnmatch_lines(["*--kcoral-submissions subs: no such directory (*subs)*"])
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--kcoral-timeout", "inf"], "--kcoral-timeout must be a number of seconds, above 0 and at most 604800, not inf"),
+    (["--kcoral-timeout", "nan"], "--kcoral-timeout must be a number of seconds, above 0 and at most 604800, not nan"),
+    (["--kcoral-timing-budget", "0"], "--kcoral-timing-budget must be a number of seconds, above 0 and at most 604800, not 0.0"),
+    (["--kcoral-lease-timeout", "-1"], "--kcoral-lease-timeout must be a number of seconds, 0 or more and at most 604800, not -1.0"),
+    (["--kcoral-min-speedup", "nan"], "--kcoral-min-speedup must be a positive number, not nan"),
+    (["--kcoral-trials", "10000000"], "--kcoral-trials must be from 1 to 1000, not 10000000"),
+    (["--kcoral-lease-dir", "cases/add/case.py"], "--kcoral-lease-dir cases/add/case.py: cannot be made a directory (File exists)"),
+    (["--kcoral-json", "cases"], "--kcoral-json cases: a directory; give the path of the file to write"),
+    (["--kcoral-timer", "cupti"], "--kcoral-timer cupti times CUDA devices, and none is visible here; *"),
+], ids=["timeout-inf", "timeout-nan", "budget-zero", "lease-timeout-negative", "min-speedup-nan", "trials-huge",
+        "lease-dir-a-file", "json-a-directory", "cupti-without-a-gpu"])
+def test_a_bad_option_value_is_a_usage_error_at_the_start(make_case, run_kcoral, args, message):
+    make_case("cases/add")
+    result = run_kcoral("cases", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message.replace('[', '?')}"])
+
+
 @pytest.mark.parametrize(
     ("case_src", "problem"),
     [
