@@ -224,17 +224,24 @@ class _Runner:
         strict]) also the verdicts that need nothing from a candidate, reached here on the device
         so the tensors they read never cross the wire: the baseline's problems against the
         reference (with ``baseline``), whether the reference is weak, and whether it is unsteady
-        (a second call on the first input set disagrees with the first call)."""
+        (a second call on the first input set disagrees with the first call). For the INPLACE
+        inputs (``inplace``) the reference writes, their values after its call (``written``)."""
         from pytest_kcoral import correctness
 
         self._require(TRUSTED)
         shape = header["shape"]
         tol = correctness.Tolerance(*header["tolerance"]) if header.get("tolerance") else None
+        inplace = set(header.get("inplace") or ())
         inputs, refs, baseline_problems, weak, structure, unsteady = [], [], [], False, 0, []
+        after_calls, written = [], set()
         for t, seed in enumerate(header["seeds"]):
             args = self.case.make_inputs(shape, seed)
-            ref, structure = flatten_outputs(self.case.reference(shape, _clone(args)))
+            ref_args = _clone(args)
+            ref, structure = flatten_outputs(self.case.reference(shape, ref_args))
             _require_plain_outputs(ref, "reference")
+            # an INPLACE input the reference writes is a result (``x.add_(y)``), not scratch
+            written.update(j for j, _ in correctness.changed_inputs(args, ref_args) if j in inplace)
+            after_calls.append(ref_args)
             if tol is not None:
                 if t == 0:  # no candidate can match a reference that answers one input two ways
                     unsteady = correctness.compare_outputs(_leaves(self.case.reference(shape, _clone(args))), ref, tol)
@@ -243,8 +250,13 @@ class _Runner:
                     baseline_problems += [f"trial {t + 1}: {p}" for p in self._baseline_problems(shape, args, ref, tol)]
             refs.append(_to_cpu(ref))
             inputs.append(_to_cpu(args))
-        reply = {"baseline_problems": baseline_problems, "weak": weak, "structure": structure, "unsteady": unsteady[:3]}
-        return reply, {"inputs": inputs, "reference": refs}
+        # in every trial, once one trial wrote it; or those asked for (the timed calls' check
+        # compares what the correctness stage found written)
+        written_inputs = header["written_inputs"] if "written_inputs" in header else sorted(written)
+        reply = {"baseline_problems": baseline_problems, "weak": weak, "structure": structure, "unsteady": unsteady[:3],
+                 "written_inputs": written_inputs}
+        return reply, {"inputs": inputs, "reference": refs,
+                       "written": [_to_cpu(tuple(a[j] for j in written_inputs)) for a in after_calls]}
 
     def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, tol: Any) -> list[str]:
         from pytest_kcoral import correctness
@@ -293,7 +305,8 @@ class _Runner:
         from pytest_kcoral import correctness
 
         shape = header["shape"]
-        outputs, inputs_changed, findings, structures = [], [], [], []
+        written_inputs = header.get("written_inputs") or []
+        outputs, inputs_changed, findings, structures, written = [], [], [], [], []
         for cpu_args in payload["inputs"]:
             # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
             # wrote: a copy made on the device, not a second transfer from the host
@@ -309,8 +322,9 @@ class _Runner:
             structures.append(structure)
             findings.append(problems)
             outputs.append(_to_cpu(out_tuple) if not problems else None)
+            written.append(_to_cpu(tuple(args[j] for j in written_inputs)) if not problems else None)
             inputs_changed.append(correctness.changed_inputs(before, args))
-        return {"findings": findings, "inputs_changed": inputs_changed, "structures": structures}, {"outputs": outputs}
+        return {"findings": findings, "inputs_changed": inputs_changed, "structures": structures}, {"outputs": outputs, "written": written}
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(CANDIDATE)
@@ -343,6 +357,7 @@ class _Runner:
         _, seeds, sets, fns, spread = self._timing_sets
         kept: list[dict[str, Any]] = []
         keep = int(header.get("verify", 2))
+        written_inputs = header.get("written_inputs") or []
         seen_samples = 0
 
         def refresh(k: int) -> None:
@@ -358,10 +373,12 @@ class _Runner:
             seen_samples += 1
             # reservoir sample of the timed calls: any one of them may be the one checked
             # a copy: a kernel that writes into one preallocated output overwrites it at the next call
-            if len(kept) < keep:
-                kept.append({"seed": seeds[k], "out": _clone_outputs(out)})
-            elif _rng.random() < keep / seen_samples:
-                kept[_rng.randrange(keep)] = {"seed": seeds[k], "out": _clone_outputs(out)}
+            if len(kept) < keep or _rng.random() < keep / seen_samples:
+                entry = {"seed": seeds[k], "out": _clone_outputs(out), "written": _clone(tuple(sets[k][j] for j in written_inputs))}
+                if len(kept) < keep:
+                    kept.append(entry)
+                else:
+                    kept[_rng.randrange(keep)] = entry
 
         cpu = header.get("cpu")
         with pinning.pinned(cpu) as is_pinned:
@@ -385,7 +402,8 @@ class _Runner:
         for entry in kept:
             out_tuple = _leaves(entry["out"])
             problems = _inspect_outputs(out_tuple, (), self.device)
-            verify.append({"seed": entry["seed"], "outputs": None if problems else _to_cpu(out_tuple)})
+            verify.append({"seed": entry["seed"], "outputs": None if problems else _to_cpu(out_tuple),
+                           "written": None if problems else _to_cpu(entry["written"])})
         return {"stats": stats.to_dict(), "verify_seeds": [v["seed"] for v in verify]}, {"verify": verify}
 
     def _require(self, role: str) -> None:

@@ -91,42 +91,49 @@ def structure_leaves(structure: Any, budget: int = 100_000) -> int | None:
     return count
 
 
-def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol: Tolerance) -> list[str]:
-    """Problems with ``outputs`` against ``reference`` (both tuples of CPU tensors)."""
+def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol: Tolerance,
+                    names: Sequence[str] | None = None) -> list[str]:
+    """Problems with ``outputs`` against ``reference`` (both tuples of CPU tensors); ``names``
+    label the values in messages (default ``output 0``, ``output 1``, ...)."""
     if outputs is None:
         return ["no outputs came back"]
     if len(outputs) != len(reference):
         return [f"returned {len(outputs)} output(s), the reference returns {len(reference)}"]
     problems: list[str] = []
     for i, (out, ref) in enumerate(zip(outputs, reference)):
+        name = names[i] if names is not None else f"output {i}"
         if not isinstance(ref, torch.Tensor):
-            problems.extend(_compare_plain(i, out, ref, tol))
+            problems.extend(_compare_plain(name, out, ref, tol))
             continue
         if not isinstance(out, torch.Tensor):
-            problems.append(f"output {i} is a {type(out).__name__}, expected a tensor")
+            problems.append(f"{name} is {_a(type(out).__name__)}, expected a tensor")
             continue
         if out.dtype != ref.dtype:
-            problems.append(f"output {i} has dtype {out.dtype}, expected {ref.dtype}")
+            problems.append(f"{name} has dtype {out.dtype}, expected {ref.dtype}")
             continue
         if out.shape != ref.shape:
-            problems.append(f"output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+            problems.append(f"{name} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
             continue
-        problems.extend(_compare_values(i, out, ref, tol))
+        problems.extend(_compare_values(name, out, ref, tol))
     return problems
 
 
-def _compare_plain(i: int, out: Any, ref: Any, tol: Tolerance) -> list[str]:
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def _compare_plain(name: str, out: Any, ref: Any, tol: Tolerance) -> list[str]:
     """An output the reference returns as a plain Python value: the same type, equal, or for a
     float within the case's tolerance (fp32's by default: such a float usually comes from
     ``.item()`` on a float32 tensor)."""
     if type(out) is not type(ref):
-        return [f"output {i} is {type(out).__name__} {out!r:.60}, expected {type(ref).__name__} {ref!r:.60}"]
+        return [f"{name} is {type(out).__name__} {out!r:.60}, expected {type(ref).__name__} {ref!r:.60}"]
     if isinstance(ref, float) and not (math.isnan(ref) and math.isnan(out)):
         atol, rtol = tol.for_dtype(torch.float32)
         if not abs(out - ref) <= atol + rtol * abs(ref):
-            return [f"output {i} is {out!r}, expected {ref!r} (atol {atol:g} + rtol {rtol:g} x |ref|)"]
+            return [f"{name} is {out!r}, expected {ref!r} (atol {atol:g} + rtol {rtol:g} x |ref|)"]
         return []
-    return [f"output {i} is {out!r:.60}, expected {ref!r:.60}"] if out != ref else []
+    return [f"{name} is {out!r:.60}, expected {ref!r:.60}"] if out != ref else []
 
 
 def _index(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
@@ -137,14 +144,14 @@ def _index(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(idx))
 
 
-def _compare_values(i: int, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> list[str]:
+def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> list[str]:
     if out.numel() == 0:
         return []
     if ref.dtype == torch.bool or not (ref.is_floating_point() or ref.is_complex()):
         bad = out != ref
         if bad.any():
             first = int(bad.flatten().nonzero()[0])
-            return [f"output {i}: {int(bad.sum())} of {ref.numel()} elements differ (exact match required for {ref.dtype}); first at index {_index(first, ref.shape)}"]
+            return [f"{name}: {int(bad.sum())} of {ref.numel()} elements differ (exact match required for {ref.dtype}); first at index {_index(first, ref.shape)}"]
         return []
     if ref.is_complex():
         # compared as (real, imaginary) pairs, each within the tolerance of the parts' dtype: a
@@ -161,7 +168,7 @@ def _compare_values(i: int, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance
     if nonfinite.any():
         first = int(nonfinite.nonzero()[0])
         return [
-            f"output {i}: {int(nonfinite.sum())} of {r.numel()} elements are NaN/Inf where the reference is finite, "
+            f"{name}: {int(nonfinite.sum())} of {r.numel()} elements are NaN/Inf where the reference is finite, "
             f"first at index {_index(first, ref.shape)} (unwritten elements read back as NaN poison)"
         ]
     # where the reference itself is not finite, the candidate must match it exactly
@@ -175,10 +182,10 @@ def _compare_values(i: int, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance
         if max_abs > atol or max_rel > rtol:
             worst = int(diff.argmax())
             problems.append(
-                f"output {i}: max abs error {max_abs:.3g} (atol {atol:g}), max rel error {max_rel:.3g} (rtol {rtol:g}) "
+                f"{name}: max abs error {max_abs:.3g} (atol {atol:g}), max rel error {max_rel:.3g} (rtol {rtol:g}) "
                 f"under --kcoral-tolerance strict; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
             )
-        problems += _special_mismatch(i, special_mismatch, o, r, ref.shape)
+        problems += _special_mismatch(name, special_mismatch, o, r, ref.shape)
         return problems
     bad = (diff > atol + rtol * r.abs()) & ref_finite
     problems = []
@@ -186,19 +193,19 @@ def _compare_values(i: int, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance
         n_bad = int(bad.sum())
         worst = int(torch.where(bad, diff, torch.full_like(diff, -1.0)).argmax())
         problems.append(
-            f"output {i}: {n_bad} of {r.numel()} elements ({100.0 * n_bad / r.numel():.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
+            f"{name}: {n_bad} of {r.numel()} elements ({100.0 * n_bad / r.numel():.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
             f"max abs error {float(diff.max()):.3g}; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
         )
-    return problems + _special_mismatch(i, special_mismatch, o, r, ref.shape)
+    return problems + _special_mismatch(name, special_mismatch, o, r, ref.shape)
 
 
-def _special_mismatch(i: int, mismatch: Any, o: Any, r: Any, shape: Any) -> list[str]:
+def _special_mismatch(name: str, mismatch: Any, o: Any, r: Any, shape: Any) -> list[str]:
     """Where the reference is NaN or +-Inf the candidate must give the same (an error there has
     no size, so it gets its own line rather than a "max abs error" of nothing)."""
     if not mismatch.any():
         return []
     first = int(mismatch.nonzero()[0])
-    return [f"output {i}: {int(mismatch.sum())} of {r.numel()} elements differ where the reference is NaN/Inf; "
+    return [f"{name}: {int(mismatch.sum())} of {r.numel()} elements differ where the reference is NaN/Inf; "
             f"first at index {_index(first, shape)}: got {float(o[first]):.6g}, expected {float(r[first]):.6g}"]
 
 
@@ -239,6 +246,24 @@ def describe_changed_inputs(changes: Sequence[Sequence[Any]], inplace: Sequence[
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bytes of a tensor, so NaN inputs compare equal to themselves."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_kinds(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]]) -> bool:
+    """Whether every trial's outputs that came back are of the reference's kinds: as many, each
+    a tensor of the same dtype and shape, or a plain value of the same type. Only then do the
+    findings about values (ignoring the inputs, a constant) say more than the kind mismatch."""
+    for outs, refs in zip(outputs_per_trial, reference_per_trial):
+        if outs is None:
+            continue
+        if len(outs) != len(refs):
+            return False
+        for out, ref in zip(outs, refs):
+            if isinstance(ref, torch.Tensor):
+                if not (isinstance(out, torch.Tensor) and out.dtype == ref.dtype and out.shape == ref.shape):
+                    return False
+            elif type(out) is not type(ref):
+                return False
+    return True
 
 
 def ignores_inputs(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]]) -> bool:

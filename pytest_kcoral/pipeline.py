@@ -70,14 +70,19 @@ class Executor(Protocol):
 
 class StageFailed(Exception):
     """Ends an item: the stage, the phase and one screen of why. ``case_failed``: the case itself
-    failed (its import, inputs, reference or baseline, in a process without the candidate)."""
+    failed (its import, inputs, reference or baseline, in a process without the candidate).
+    ``disqualifies``: a failure after the correctness stage that takes back its verdict (the
+    candidate raised, crashed or exited while timed, forged its results, or computed wrong ones
+    once timed); being slow, or running out of time, does not."""
 
-    def __init__(self, stage: str, message: str, phase: str | None = None, *, case_failed: bool = False) -> None:
+    def __init__(self, stage: str, message: str, phase: str | None = None, *, case_failed: bool = False,
+                 disqualifies: bool = False) -> None:
         super().__init__(message)
         self.stage = stage
         self.message = message
         self.phase = phase
         self.case_failed = case_failed
+        self.disqualifies = disqualifies
 
 
 class ItemSkipped(Exception):
@@ -94,6 +99,15 @@ class ReferenceData:
     baseline_problems: list[str] = field(default_factory=list)
     weak: bool = False
     structure: Any = None  # the reference's containers (``child.flatten_outputs``); None: not known
+    # INPLACE inputs the reference writes, and their values after its call, per trial: results a
+    # candidate must leave the same (``x.add_(y)``), compared as outputs are
+    written_inputs: tuple[int, ...] = ()
+    written: list[tuple] = field(default_factory=list)
+
+
+def written_input_names(indices: tuple[int, ...]) -> list[str]:
+    """How messages name the INPLACE inputs a reference writes."""
+    return [f"input {j} (written in place by the reference)" for j in indices]
 
 
 def derive_seed(session_seed: int, *parts: Any) -> int:
@@ -155,7 +169,9 @@ class LocalExecutor:
             result.outcome = "failed"
             result.message = failure.message
             result.case_failed = failure.case_failed
-            if failure.stage == "correctness":
+            if failure.stage == "compile":  # also a compiler error at the first call (Triton, cpp_extension)
+                result.compiled = False
+            if failure.stage == "correctness" or failure.disqualifies:
                 result.correct = False
         except ItemSkipped as skip:
             result.outcome = "skipped"
@@ -223,7 +239,7 @@ class LocalExecutor:
             result.correct = True
             if self.settings.mode != "correctness":
                 with timed_phase(result, "timing"):
-                    self._time(spec, candidate, trusted, device, self._timing_cpu(lease), tol, result)
+                    self._time(spec, candidate, trusted, device, self._timing_cpu(lease), tol, result, ref.written_inputs)
             if self.diagnostics and self.diagnostics.ncu:
                 deadline = self._diagnose(spec, ref, device, result, "ncu", candidate, deadline)
             # the last word: the child's audit runs once more, and a reply left over in the
@@ -280,7 +296,9 @@ class LocalExecutor:
             self._skip_if_case_needs_cuda(failure)
             if failure.kind == "error" and failure.error.get("compile_error"):
                 stage = "compile"
-            raise StageFailed(stage, _describe_child_failure(stage, failure), failure.phase) from None
+            # a candidate that raises, crashes or lies once timed is not correct; one that runs out of time may be
+            raise StageFailed(stage, _describe_child_failure(stage, failure), failure.phase,
+                              disqualifies=stage == "timing" and failure.kind != "timeout") from None
 
     def _skip_if_case_needs_cuda(self, failure: ChildFailure) -> None:
         """On a machine without a GPU, a case whose inputs need CUDA skips instead of failing."""
@@ -318,7 +336,7 @@ class LocalExecutor:
         check_baseline = case.has_baseline and case.format != KERNELBENCH
         header, payload = self._trusted_call(
             trusted, "reference", "reference", shape=shape.params, seeds=seeds, device=device,
-            baseline=check_baseline, tolerance=[tol.atol, tol.rtol, tol.strict],
+            baseline=check_baseline, tolerance=[tol.atol, tol.rtol, tol.strict], inplace=list(case.inplace),
         )
         if header.get("unsteady"):
             raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference is not deterministic: a second call on"
@@ -332,7 +350,13 @@ class LocalExecutor:
             baseline_problems=baseline_problems,
             weak=bool(header["weak"]),
             structure=header.get("structure"),
+            written_inputs=tuple(header.get("written_inputs") or ()),
+            written=payload.get("written") or [],
         )
+        if not data.written_inputs and all(v is None for ref in data.reference for v in ref):
+            raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference returns nothing and writes none of its INPLACE"
+                              f" inputs ({list(case.inplace) or 'none listed'}): nothing to compare a candidate against", "reference",
+                              case_failed=True)
         self._references[key] = data
         return data
 
@@ -377,9 +401,13 @@ class LocalExecutor:
         poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
         header, payload = self._stage(
             "correctness",
-            lambda: candidate.call("run", "correctness", payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device, poison_bytes=poison),
+            lambda: candidate.call("run", "correctness", payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device,
+                                   poison_bytes=poison, written_inputs=list(ref.written_inputs)),
         )
         outputs = payload["outputs"]
+        written = payload.get("written")
+        if not _well_formed_written(written, outputs, len(ref.written_inputs)):
+            raise StageFailed("correctness", f"the candidate's child returned unreadable in-place results {str(written)[:200]} (results forged?)", "correctness")
         changed = header.get("inputs_changed")
         if not _well_formed_changes(changed, len(ref.inputs)):
             raise StageFailed("correctness", f"the candidate's child reported unreadable input changes {str(changed)[:200]} (results forged?)", "correctness")
@@ -393,19 +421,23 @@ class LocalExecutor:
                 trial += correctness.compare_structure(structures[t], ref.structure)
             if not trial:
                 trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
+                trial += correctness.compare_outputs(written[t], ref.written[t], tol, written_input_names(ref.written_inputs))
             trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
+        # what explains wrong values goes first; after a wrong kind of output (an int where the
+        # reference returns a tensor) it is a footnote
+        first = 0 if correctness.same_kinds(outputs, ref.reference) else len(problems)
         if correctness.ignores_inputs(outputs, ref.reference):
-            problems.insert(0, "the output does not depend on the inputs: every input set gave the same output, the reference's differ")
+            problems.insert(first, "the output does not depend on the inputs: every input set gave the same output, the reference's differ")
         constant = correctness.constant_where_reference_varies(outputs, ref.reference, tol)
         if constant:
             weak = " (this case is weak: zeros or a constant match its reference within tolerance)" if ref.weak else ""
-            problems.insert(0, constant + weak)
+            problems.insert(first, constant + weak)
         if problems:
             raise StageFailed("correctness", _one_screen(problems), "correctness")
 
     def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, cpu: int | None,
-              tol: correctness.Tolerance, result: ItemResult) -> None:
+              tol: correctness.Tolerance, result: ItemResult, written_inputs: tuple[int, ...] = ()) -> None:
         budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
         rounds = self.timing_rounds
         common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
@@ -431,13 +463,16 @@ class LocalExecutor:
             cost = header.get("cost") or cost
 
         def time_candidate(r: int) -> None:
-            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=keep, warmup_s=_warmup_s(r), **common))
+            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=keep, warmup_s=_warmup_s(r),
+                                                                           written_inputs=list(written_inputs), **common))
             impossible = implausible_stats(header["stats"], candidate.last_call_s)
             if impossible:
-                raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing")
+                raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing",
+                                  disqualifies=True)
             stats_ = TimingStats.from_dict(header["stats"])
             if len(payload["verify"]) != min(keep, stats_.n if stats_ else 0):
-                raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep} (results forged?)", "verify")
+                raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep} (results forged?)", "verify",
+                                  disqualifies=True)
             cand_rounds.append(stats_)
             verify.extend(payload["verify"])
 
@@ -463,7 +498,7 @@ class LocalExecutor:
         result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
         checked = random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(verify, min(len(verify), VERIFIED_TIMED_CALLS))
         with timed_phase(result, "verify"):
-            self._verify_timed_outputs(trusted, checked, spec, device, tol)
+            self._verify_timed_outputs(trusted, checked, spec, device, tol, written_inputs)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
         minimum = self.settings.min_speedup
         if minimum is not None:
@@ -499,19 +534,28 @@ class LocalExecutor:
                 f"time below the physical floor: {candidate.median_us:.3g} us to move {floor['bytes']:.4g} bytes "
                 f"(cost(shape)) is faster than the floor {floor_us:.3g} us ({floor['how']})",
                 "timing",
+                disqualifies=True,
             )
 
-    def _verify_timed_outputs(self, trusted: Callable[[], Child], verify: list[dict], spec: ItemSpec, device: str, tol: correctness.Tolerance) -> None:
-        """The outputs of timed calls must be right too: no computing only while watched."""
+    def _verify_timed_outputs(self, trusted: Callable[[], Child], verify: list[dict], spec: ItemSpec, device: str, tol: correctness.Tolerance,
+                              written_inputs: tuple[int, ...] = ()) -> None:
+        """The outputs of timed calls must be right too, and the inputs they write in place: no
+        computing only while watched."""
         if not verify:
             return
         seeds = [v["seed"] for v in verify]
-        _, payload = self._trusted_call(trusted, "reference", "verify", shape=spec.shape.params, seeds=seeds, device=device, baseline=False)
+        _, payload = self._trusted_call(trusted, "reference", "verify", shape=spec.shape.params, seeds=seeds, device=device,
+                                        baseline=False, written_inputs=list(written_inputs))
+        names = written_input_names(written_inputs)
         problems = []
-        for n, (entry, expected) in enumerate(zip(verify, payload["reference"])):
-            problems += [f"timed call {n + 1}: {p}" for p in correctness.compare_outputs(entry["outputs"], expected, tol)]
+        for n, (entry, expected, expected_written) in enumerate(zip(verify, payload["reference"], payload["written"])):
+            found = correctness.compare_outputs(entry["outputs"], expected, tol)
+            if not found and entry["outputs"] is not None:
+                found = correctness.compare_outputs(entry.get("written"), expected_written, tol, names)
+            problems += [f"timed call {n + 1}: {p}" for p in found]
         if problems:
-            raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify")
+            raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify",
+                              disqualifies=True)
 
 
 def implausible_stats(stats: dict[str, Any] | None, parent_wall_s: float) -> str | None:
@@ -547,6 +591,14 @@ def _well_formed_changes(changes: Any, trials: int) -> bool:
         return (isinstance(e, list) and len(e) == 2 and type(e[0]) is int
                 and (e[1] is None or type(e[1]) is int))
     return isinstance(changes, list) and len(changes) == trials and all(isinstance(c, list) and all(entry_ok(e) for e in c) for c in changes)
+
+
+def _well_formed_written(written: Any, outputs: list[Any], count: int) -> bool:
+    """Per trial, the written INPLACE inputs' values (``count`` of them), or None where the
+    trial's outputs did not come back either."""
+    return (isinstance(written, list) and len(written) == len(outputs)
+            and all((w is None) == (o is None) and (w is None or (isinstance(w, (list, tuple)) and len(w) == count))
+                    for w, o in zip(written, outputs)))
 
 
 def _well_formed_structures(structures: Any, outputs: list[Any], trials: int) -> bool:

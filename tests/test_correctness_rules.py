@@ -71,6 +71,60 @@ def test_inplace_inputs_may_be_written(make_case, run_kcoral):
     run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=1)
 
 
+IN_PLACE_REFERENCE = """
+import torch
+SEEN = [{"n": 256}]
+INPLACE = [0]
+
+def make_inputs(shape, device):
+    n = shape["n"]
+    return torch.randn(n, device=device), torch.randn(n, device=device)
+
+def reference(a, b):
+    a.add_(b)  # the result is input 0, written in place; nothing is returned
+"""
+
+
+def test_an_input_the_reference_writes_in_place_is_compared_as_its_result(make_case, run_kcoral):
+    result = _graded(make_case, run_kcoral, "cases/iadd", IN_PLACE_REFERENCE, {
+        "good": "def run(a, b):\n    a.add_(b)\n",
+        "noop": "def run(a, b):\n    pass\n",
+        "wrong": "def run(a, b):\n    a.sub_(b)\n",
+    }, passed=1, failed=2)
+    for name in ("noop", "wrong"):
+        result.stdout.fnmatch_lines([f"*_ cases/iadd::{name}?seen-n=256? _*",
+                                     "kcoral correctness failed: trial 1 of 3: input 0 (written in place by the reference):"
+                                     " * of 256 elements (*%) outside atol*"])
+
+
+def test_an_in_place_result_written_only_while_checked_fails_the_timed_check(make_case, run_kcoral):
+    make_case("cases/iadd", IN_PLACE_REFERENCE, {
+        "good": "def run(a, b):\n    a.add_(b)\n",
+        # right for the three correctness trials, idle once timed
+        "watched": "calls = 0\ndef run(a, b):\n    global calls\n    calls += 1\n    if calls <= 3:\n        a.add_(b)\n",
+    })
+    result = run_kcoral("-v")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the outputs of timed calls are wrong (correct only while checked?)",
+                                 "timed call 1: input 0 (written in place by the reference): *"])
+
+
+def test_a_reference_that_returns_and_writes_nothing_fails_its_case(make_case, run_kcoral):
+    # it writes input 0, but INPLACE does not list it: nothing a candidate does could be checked
+    result = _graded(make_case, run_kcoral, "cases/iadd", IN_PLACE_REFERENCE.replace("INPLACE = [0]\n", ""),
+                     {"noop": "def run(a, b):\n    pass\n"}, passed=0, failed=1)
+    result.stdout.fnmatch_lines(["CASE FAILED cases/iadd on seen n=256, every candidate failing there: its reference returns"
+                                 " nothing and writes none of its INPLACE inputs (none listed): nothing to compare a candidate against"])
+
+
+def test_a_wrong_kind_of_output_is_said_before_what_its_values_suggest(make_case, run_kcoral):
+    result = _graded(make_case, run_kcoral, "cases/add", CASE_WITH_INPLACE, {"count": "def run(a, b):\n    return 7\n"},
+                     passed=0, failed=1)
+    result.stdout.fnmatch_lines(["kcoral correctness failed: trial 1 of 3: output 0 is an int, expected a tensor",
+                                 "trial 2 of 3: *", "trial 3 of 3: *",
+                                 "the output does not depend on the inputs: *"])
+
+
 def test_strict_tolerance_uses_max_abs_and_max_rel(make_case, run_kcoral):
     # a tiny absolute error on elements near zero: within atol + rtol*|ref| elementwise,
     # but its relative error is large, which strict mode refuses

@@ -74,12 +74,17 @@ def test_import_error_fails_compile_and_gates_later_stages(make_case, run_kcoral
     assert "kcoral_speedup" not in item
 
 
-def test_compiler_error_at_first_call_counts_as_compile(make_case, run_kcoral):
+def test_compiler_error_at_first_call_counts_as_compile(make_case, run_kcoral, pytester):
     make_case("cases/add", candidates={"tri": TRITON_COMPILE_ERROR})
-    result = run_kcoral("-m", "seen", "--kcoral-mode", "correctness")
+    result = run_kcoral("-m", "seen", "--kcoral-mode", "correctness", "--kcoral-json", "out.json")
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'correctness':*"])
     assert "undefined_name" in result.stdout.str()
+    doc = json.loads((pytester.path / "out.json").read_text())
+    (item,) = doc["items"]
+    assert item["stage"] == "compile" and item["compiled"] is False  # no compile credit in the scores
+    (pair,) = doc["candidates"]
+    assert pair["compiled"] is False and pair["aka_score"] == 0
 
 
 def test_triton_candidate_passes_all_stages_with_timing_properties(make_case, run_kcoral, pytester):
@@ -111,6 +116,18 @@ def test_min_speedup_fails_slow_items(make_case, run_kcoral):
     result = run_kcoral("--kcoral-min-speedup", "1000", "-m", "seen")
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*kcoral timing failed: speedup *x is below --kcoral-min-speedup 1000 (baseline * us, candidate * us, wall)*"])
+
+
+def test_a_candidate_that_fails_once_timed_is_not_correct_and_a_slow_one_is(make_case, run_kcoral, pytester):
+    # right for the three correctness trials, then it raises
+    breaks = "calls = 0\ndef run(a, b):\n    global calls\n    calls += 1\n    if calls > 3:\n        raise RuntimeError('boom')\n    return a + b\n"
+    make_case("cases/add", candidates={"breaks": breaks, "torch": GOOD})
+    result = run_kcoral("-m", "seen", "--kcoral-min-speedup", "1000", "--kcoral-json", "out.json")
+    result.assert_outcomes(failed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*kcoral timing failed: RuntimeError: boom*"])
+    items = {i["candidate"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
+    assert items["breaks"]["stage"] == "timing" and items["breaks"]["correct"] is False
+    assert items["torch"]["stage"] == "timing" and items["torch"]["correct"] is True  # below --kcoral-min-speedup: slow, not wrong
 
 
 def test_timed_outputs_are_checked(make_case, run_kcoral):

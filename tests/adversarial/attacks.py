@@ -243,7 +243,7 @@ def run(a, b):
         reply = {"ok": True, "seq": header["seq"], "nonce": header["nonce"], "findings": [[] for _ in outputs],
                  "inputs_changed": [[] for _ in outputs], "structures": [0 for _ in outputs]}
         for conn in [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed and o.writable]:
-            protocol.send(conn, reply, {"outputs": outputs})
+            protocol.send(conn, reply, {"outputs": outputs, "written": [() for _ in outputs]})
     return a + b
 """
 
