@@ -125,7 +125,6 @@ class KcoralSession:
             or session.shouldfail
         )
         scores = self.build_scores()
-        _add_junit_suite_properties(session.config, scores.suite, scores.timers)
         settings = self.settings
         wants_json = settings is not None and settings.json_path is not None
         # nvidia-smi runs behind it: only when the JSON or the comparison needs it
@@ -135,6 +134,7 @@ class KcoralSession:
                 self._saved_run, scores.candidates, self._compare_threshold, self._compare_path,
                 timed_by=compare_mod.pair_methods((i.case, i.candidate, i.split, i.timer, i.speedup) for i in self.items),
                 gpus=compare_mod.gpu_models(environment))
+        _add_junit_suite_properties(session.config, scores.suite, scores.timers, len(self.collection_errors), self.compare_result)
         if wants_json:
             doc = json_artifact.build_document(
                 self.items, scores,
@@ -157,7 +157,8 @@ class KcoralSession:
             try:
                 step_summary.append_step_summary(
                     summary_file,
-                    step_summary.render_markdown(scores, partial=self.partial, compare=self.compare_result))
+                    step_summary.render_markdown(scores, partial=self.partial, compare=self.compare_result,
+                                                 collection_errors=self.collection_errors))
             except OSError as exc:
                 sys.stderr.write(f"\npytest-kcoral: cannot append to ${step_summary.ENV_VAR} {summary_file}: {exc}\n")
         if self.compare_result is not None and self.compare_result.regressions:
@@ -184,7 +185,8 @@ class KcoralSession:
         terminal.write_summary(terminalreporter, lines)
 
 
-def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore, timers: scoring.TimerUse) -> None:
+def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore, timers: scoring.TimerUse,
+                                collection_errors: int = 0, compare: compare_mod.CompareResult | None = None) -> None:
     """Suite-level figures as ``<testsuite>`` properties of ``--junitxml``, when it is on.
 
     pytest's public way (the ``record_testsuite_property`` fixture) runs before the items do, so
@@ -193,7 +195,7 @@ def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore
     from _pytest.junitxml import xml_key
 
     xml = config.stash.get(xml_key, None)
-    if xml is None or suite.pairs == 0:
+    if xml is None or (suite.pairs == 0 and not collection_errors):
         return
     figures: dict[str, Any] = {
         "kcoral_pairs": suite.pairs,
@@ -208,7 +210,10 @@ def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore
         # how the items were timed, and how many fell back from CUPTI (the summary's TIMER FALLBACK)
         "kcoral_timed_by": fmt_methods(timers.methods) or None,
         "kcoral_timer_fallbacks": sum(timers.fallbacks.values()),
+        # what the summary says beside the scores: cases never graded, and pairs slower than the saved run
+        "kcoral_collection_errors": collection_errors,
+        "kcoral_compare_regressions": len(compare.regressions) if compare is not None else None,
     }
     for name, value in figures.items():
         if value is not None:
-            xml.add_global_property(name, round(value, 6) if isinstance(value, float) else value)
+            xml.add_global_property(name, float(f"{value:.6g}") if isinstance(value, float) else value)

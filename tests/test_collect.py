@@ -348,3 +348,19 @@ def test_a_case_that_exits_at_import_is_its_own_collection_error(make_case, run_
     result.stdout.fnmatch_lines(["*cases/exits/case.py: importing it called sys.exit(3)*"])
     doc = json.loads((pytester.path / "out.json").read_text())
     assert [e["nodeid"] for e in doc["collection_errors"]] == ["cases/exits"]
+
+
+def test_a_case_never_graded_is_named_in_the_step_summary_and_junit(make_case, run_kcoral, pytester, monkeypatch):
+    # a CI reader sees the step summary and the JUnit figures, not the terminal's collection errors
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
+    make_case("cases/exits", "import sys\nsys.exit(3)\n")
+    make_case("cases/add")
+    run_kcoral("-m", "seen", "--junitxml", "junit.xml").assert_outcomes(passed=1, errors=1, deselected=1)
+    summary = (pytester.path / "summary.md").read_text()
+    assert "> **1 collection error(s)**: not graded, not in the scores." in summary
+    assert f"> - `cases/exits`: {pytester.path}/cases/exits/case.py: importing it called sys.exit(3)" in summary.splitlines()
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["kcoral_collection_errors"] == "1"

@@ -557,8 +557,12 @@ def test_session_compare_fails_on_regression(fake_suite: pytest.Pytester):
     old.write_text(json.dumps(doc))
     result = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2",
                                   "--kcoral-compare", str(old), "--kcoral-compare-fail", "5%",
-                                  "--kcoral-json", "new.json")
+                                  "--kcoral-json", "new.json", "--junitxml", "junit.xml")
     result.assert_outcomes(passed=5)
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(fake_suite.path / "junit.xml").getroot().find("testsuite")
+    assert {p.get("name"): p.get("value") for p in suite.iter("property")}["kcoral_compare_regressions"] == "1"
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
         "compared with *old.json (fail below -5%): 1 pair, 1 regressed",
@@ -608,3 +612,11 @@ def test_an_unwritable_json_path_is_said_and_fails_the_session(fake_suite: pytes
     result.assert_outcomes(passed=5, deselected=3)
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR  # every item passed, but a missing artifact must not pass CI
     result.stderr.re_match_lines([r"^pytest-kcoral: cannot write a_file/out.json: .*"])
+
+
+def test_junit_item_figures_keep_six_significant_digits():
+    from pytest_kcoral.items import junit_properties
+
+    # interpreted Triton on a CPU reads speedups far below 0.01x: four decimals wrote 0.0007
+    props = dict(junit_properties(item(speedup=0.000742123)))
+    assert props["kcoral_speedup"] == 0.000742123
