@@ -51,6 +51,19 @@ def _bundled(case: Case) -> list[Candidate]:
     return [Candidate(p.stem, p) for p in files]
 
 
+def submission_files(root: Path) -> list[Path]:
+    """Every file under ``root`` that the layout makes a submission for some case: the files
+    ``_submitted`` picks from, for whichever case they name."""
+    if not root.is_dir():
+        return []
+    found = []
+    for team_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found += _py_files(team_dir)
+        for case_dir in sorted(p for p in team_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+            found += _py_files(case_dir)
+    return found
+
+
 def _submitted(case: Case, root: Path) -> list[Candidate]:
     if not root.is_dir():
         return []

@@ -29,7 +29,7 @@ class CaseDirectory(pytest.Directory):
     """A case folder: its items are every candidate times every shape."""
 
     def collect(self) -> Iterable[pytest.Item]:
-        from pytest_kcoral.plugin import settings_key
+        from pytest_kcoral.plugin import settings_key, submissions_matched_key
 
         try:
             case = load_case(self.path, self.config.rootpath)
@@ -39,6 +39,7 @@ class CaseDirectory(pytest.Directory):
             raise self.CollectError(str(exc)) from None
         settings = self.config.stash[settings_key]
         candidates = find_candidates(case, settings.submissions)
+        self.config.stash.setdefault(submissions_matched_key, set()).update(c.path for c in candidates if c.team is not None)
         if not candidates and not settings.submissions:
             # a first case without its candidates/ folder would otherwise grade nothing in silence
             # (with --kcoral-submissions, a case nobody submitted for is expected)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from pytest_kcoral.options import Settings
 settings_key = pytest.StashKey[Settings]()
 executor_key = pytest.StashKey[Any]()
 selection_key = pytest.StashKey[list[tuple[str, str]]]()  # (case folder, item name) given as arguments
+submissions_matched_key = pytest.StashKey[set[Path]]()  # submission files some collected case took
 
 MARKERS = [
     "kcoral: a graded kernel item (pytest-kcoral)",
@@ -145,6 +147,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
         items[:] = keep
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say which submission files no collected case took: a misnamed one is otherwise graded
+    nowhere, and its team is missing from the leaderboard without a word."""
+    config = session.config
+    settings = config.stash[settings_key]
+    workerinput = getattr(config, "workerinput", None)
+    if not settings.submissions or (workerinput is not None and workerinput.get("workerid") != "gw0"):
+        return  # under xdist every worker collects the same: one of them says it
+    from pytest_kcoral.candidates import submission_files
+
+    matched = config.stash.get(submissions_matched_key, set())
+    for root in settings.submissions:
+        unmatched = [p.relative_to(root).as_posix() for p in submission_files(root) if p not in matched]
+        if unmatched:
+            shown = ", ".join(unmatched[:8]) + (f", ... ({len(unmatched) - 8} more)" if len(unmatched) > 8 else "")
+            warnings.warn(pytest.PytestWarning(
+                f"--kcoral-submissions {root}: {len(unmatched)} file(s) match no collected case and are not graded: {shown}"
+                " (a submission is <team>/<case>.py or <team>/<case>/<attempt>.py, <case> being a case folder's name)"))
 
 
 def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:

@@ -170,6 +170,22 @@ def test_submissions_single_file_and_attempts(pytester, make_case, run_kcoral):
         "*cases/add::team-b/try1[[]seen-n=256[]] FAILED*",
         "*cases/add::team-b/try2[[]seen-n=256[]] PASSED*",
     ])
+    assert "match no collected case" not in result.stdout.str()  # every file was taken
+
+
+def test_a_submission_that_matches_no_case_is_named(pytester, make_case, run_kcoral):
+    make_case("cases/add", candidates={})
+    subs = pytester.path / "subs"
+    (subs / "team-a").mkdir(parents=True)
+    (subs / "team-a" / "add.py").write_text("def run(a, b):\n    return a + b\n")
+    (subs / "team-c").mkdir(parents=True)
+    (subs / "team-c" / "ad.py").write_text("def run(a, b):\n    return a + b\n")  # a typo: graded nowhere
+    (subs / "team-c" / "mul" / "try1.py").parent.mkdir(parents=True)
+    (subs / "team-c" / "mul" / "try1.py").write_text("def run(a, b):\n    return a * b\n")
+    result = run_kcoral("cases", "--kcoral-submissions", "subs", "--kcoral-mode", "correctness", "-m", "seen", "-v")
+    result.stdout.fnmatch_lines(["*cases/add::team-a[[]seen-n=256[]] PASSED*"])
+    result.stdout.fnmatch_lines([f"*PytestWarning: --kcoral-submissions {subs}: 2 file(s) match no collected case and are not graded:"
+                                 " team-c/ad.py, team-c/mul/try1.py (a submission is <team>/<case>.py or*"])
 
 
 def test_a_case_without_candidates_says_so(make_case, run_kcoral):
