@@ -619,8 +619,16 @@ def _one_screen(lines: list[str], limit: int = 12) -> str:
     return "\n".join(lines)
 
 
+# Known failures whose message does not say what to do: (text in the message, the hint)
+_HINTS = (
+    ("0 active drivers", "Triton found no GPU driver: without a GPU, Triton kernels run in its interpreter, which"
+                         " cannot run @triton.autotune (its benchmarking needs a GPU); grade autotuned kernels on a GPU"),
+)
+
+
 def _describe_child_failure(stage: str, failure: ChildFailure) -> str:
     lines = [f"{failure.message}"]
+    lines += [f"hint: {hint}" for text, hint in _HINTS if text in failure.message]
     tb = failure.error.get("traceback", "")
     if failure.kind == "error" and tb:
         lines += ["", "traceback (candidate and case frames):", *("  " + ln for ln in tb.rstrip().splitlines()[-16:])]

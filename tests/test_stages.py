@@ -87,6 +87,32 @@ def test_compiler_error_at_first_call_counts_as_compile(make_case, run_kcoral, p
     assert pair["compiled"] is False and pair["aka_score"] == 0
 
 
+TRITON_AUTOTUNED = """
+import torch
+import triton
+import triton.language as tl
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["n"])
+@triton.jit
+def _add(a, b, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(a + offs, mask=mask) + tl.load(b + offs, mask=mask), mask=mask)
+
+def run(a, b):
+    out = torch.empty_like(a)
+    _add[lambda meta: (triton.cdiv(a.numel(), meta["BLOCK"]),)](a, b, out, a.numel())
+    return out
+"""
+
+
+def test_an_autotuned_triton_kernel_on_a_cpu_says_why_it_cannot_run(make_case, run_kcoral):
+    make_case("cases/add", candidates={"tuned": TRITON_AUTOTUNED})
+    result = run_kcoral("-m", "seen", "--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*0 active drivers*", "hint: Triton found no GPU driver: *cannot run @triton.autotune*"])
+
+
 def test_triton_candidate_passes_all_stages_with_timing_properties(make_case, run_kcoral, pytester):
     make_case("cases/add", candidates={"tri": TRITON_ADD, "torch": GOOD})
     result = run_kcoral("--junitxml", "junit.xml")
