@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
@@ -426,6 +427,10 @@ class LocalExecutor:
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
         # what explains wrong values goes first; after a wrong kind of output (an int where the
         # reference returns a tensor) it is a footnote
+        if spec.case.format == KERNELBENCH and _mostly_wrong(problems, len(ref.inputs)):
+            # the usual cause: ModelNew draws its parameters in another order than Model
+            problems.append("hint: most elements differ in every trial: ModelNew's parameters are made under the same seed"
+                            " as Model's, so they match only when ModelNew creates the same parameters, in the same order and shapes")
         first = 0 if correctness.same_kinds(outputs, ref.reference) else len(problems)
         if correctness.ignores_inputs(outputs, ref.reference):
             problems.insert(first, "the output does not depend on the inputs: every input set gave the same output, the reference's differ")
@@ -583,6 +588,16 @@ def implausible_stats(stats: dict[str, Any] | None, parent_wall_s: float) -> str
         return (f"{n} samples with median {median_us:.3g} us and minimum {min_us:.3g} us need at least {lower_bound_us / 1e6:.3g} s, "
                 f"but the whole timing command took {parent_wall_s:.3g} s by the parent's clock")
     return None
+
+
+def _mostly_wrong(problems: list[str], trials: int) -> bool:
+    """Whether every trial has an output with over half of its elements out of tolerance."""
+    shares: dict[str, float] = {}
+    for line in problems:
+        found = re.match(r"trial (\d+) of \d+: .* elements \(([\d.]+)%\) outside", line)
+        if found:
+            shares[found[1]] = max(shares.get(found[1], 0.0), float(found[2]))
+    return len(shares) == trials and all(share > 50 for share in shares.values())
 
 
 def _well_formed_changes(changes: Any, trials: int) -> bool:

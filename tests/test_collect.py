@@ -148,6 +148,17 @@ def test_kernelbench_problem(pytester, make_case, run_kcoral):
     result.assert_outcomes(passed=2)
 
 
+def test_kernelbench_parameters_made_in_another_order_get_a_hint(pytester, make_case, run_kcoral):
+    # a buffer drawn before the Linear layer: the same seed then gives the layer other weights
+    reordered = KERNELBENCH_CANDIDATE.replace("        super().__init__()\n",
+                                              "        super().__init__()\n        self.register_buffer('noise', torch.randn(3))\n")
+    make_case("kb/relu_linear", KERNELBENCH_CASE, {"reordered": reordered})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*elements (*%) outside*",
+                                 "hint: most elements differ in every trial: ModelNew's parameters are made under the same seed*"])
+
+
 def test_kernelbench_without_seen_uses_the_files_own_shape(pytester, make_case, run_kcoral):
     src = KERNELBENCH_CASE.replace('SEEN = [{"batch_size": 4}]\nUNSEEN = [{"batch_size": 5}]\n', "")
     make_case("kb/plain", src, {"fused": KERNELBENCH_CANDIDATE})
