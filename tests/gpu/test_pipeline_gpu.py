@@ -97,6 +97,31 @@ def test_unwritten_half_precision_elements_read_as_nan_not_zero(tmp_path):
     assert "2048 of 4096 elements are NaN/Inf where the reference is finite, first at index (0,)" in item["message"], item["message"]
 
 
+CASE_IN_PLACE = """
+import torch
+SEEN = [{"n": 1 << 20}]
+INPLACE = [0]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    a.add_(b)  # the result is input 0, written in place
+"""
+
+
+def test_an_in_place_result_is_checked_on_the_gpu_and_while_timed(tmp_path):
+    watched = "calls = 0\ndef run(a, b):\n    global calls\n    calls += 1\n    if calls <= 3:\n        a.add_(b)\n"
+    proc, doc = grade_in_subprocess(tmp_path, CASE_IN_PLACE, {"good": "def run(a, b):\n    a.add_(b)\n",
+                                                             "noop": "def run(a, b):\n    pass\n", "watched": watched},
+                                    "-m", "seen", "--kcoral-timing-budget", "0.1")
+    items = {i["candidate"]: i for i in doc["items"]}
+    assert items["good"]["outcome"] == "passed" and items["good"]["timer"] == "cupti", items["good"]
+    assert items["noop"]["stage"] == "correctness" and "input 0 (written in place by the reference)" in items["noop"]["message"]
+    assert items["watched"]["phase"] == "verify" and items["watched"]["correct"] is False, items["watched"]
+    assert "input 0 (written in place by the reference)" in items["watched"]["message"]
+
+
 def test_speed_of_light_against_the_spec_sheet(tmp_path):
     # a 16M-element fp32 add moves 192 MiB: a memory-bound kernel far from launch overhead, which
     # must reach a good share of the DRAM peak and can never pass it
