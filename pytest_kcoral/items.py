@@ -11,6 +11,7 @@ import pytest
 from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
 from pytest_kcoral.cases import Case, CaseError, Shape, load_case
 from pytest_kcoral.pipeline import ItemSpec
+from pytest_kcoral.report import junit_figure
 from pytest_kcoral.results import ItemResult
 from pytest_kcoral.scoring import host_set
 
@@ -96,25 +97,19 @@ class KernelItem(pytest.Item):
         return self.candidate.path, None, f"{self.case.case_id}::{self.name}"
 
 
-def _figure(value: float) -> float:
-    """Six significant digits: a fixed number of decimals writes a 0.0007x speedup (interpreted
-    Triton) or 1e-6 TFLOP/s as 0.0."""
-    return float(f"{value:.6g}")
-
-
 def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
     """Per-item properties for the JUnit XML (they travel with the report under xdist)."""
     props: list[tuple[str, Any]] = [("kcoral_stage", result.stage)]
     for name in ("speedup", "t_baseline_us", "t_candidate_us", "timer", "device", "lease_wait_ms", "lease_held_ms"):
         value = getattr(result, name)
         if value is not None:
-            props.append((f"kcoral_{name}", _figure(value) if isinstance(value, float) else value))
+            props.append((f"kcoral_{name}", junit_figure(value) if isinstance(value, float) else value))
     if result.speedup is not None:
         props.append(("kcoral_host_set", host_set(result)))  # the summary's ~: the host sets part of it
     for key in ("candidate_tflops", "candidate_gbps", "candidate_of_peak"):
         value = (result.speed_of_light or {}).get(key)
         if value is not None:
-            props.append((f"kcoral_{key}", _figure(value)))
+            props.append((f"kcoral_{key}", junit_figure(value)))
     if result.baseline_correct is not None:
         props.append(("kcoral_baseline_correct", result.baseline_correct))
     if result.case_failed:

@@ -425,12 +425,12 @@ class LocalExecutor:
                 trial += correctness.compare_outputs(written[t], ref.written[t], tol, written_input_names(ref.written_inputs))
             trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
-        # what explains wrong values goes first; after a wrong kind of output (an int where the
-        # reference returns a tensor) it is a footnote
         if spec.case.format == KERNELBENCH and _mostly_wrong(problems, len(ref.inputs)):
             # the usual cause: ModelNew draws its parameters in another order than Model
             problems.append("hint: most elements differ in every trial: ModelNew's parameters are made under the same seed"
                             " as Model's, so they match only when ModelNew creates the same parameters, in the same order and shapes")
+        # what explains wrong values goes first; after a wrong kind of output (an int where the
+        # reference returns a tensor) it is a footnote
         first = 0 if correctness.same_kinds(outputs, ref.reference) else len(problems)
         if correctness.ignores_inputs(outputs, ref.reference):
             problems.insert(first, "the output does not depend on the inputs: every input set gave the same output, the reference's differ")

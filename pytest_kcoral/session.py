@@ -18,7 +18,7 @@ from pytest_kcoral import scoring
 from pytest_kcoral.environment import collect_environment
 from pytest_kcoral.options import Settings
 from pytest_kcoral.report import compare as compare_mod
-from pytest_kcoral.report import fmt_methods, json_artifact, step_summary, terminal
+from pytest_kcoral.report import fmt_methods, json_artifact, junit_figure, step_summary, terminal
 from pytest_kcoral.results import ItemResult
 
 COLLECTION_ERROR_LINES = 20
@@ -216,4 +216,4 @@ def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore
     }
     for name, value in figures.items():
         if value is not None:
-            xml.add_global_property(name, float(f"{value:.6g}") if isinstance(value, float) else value)
+            xml.add_global_property(name, junit_figure(value) if isinstance(value, float) else value)

@@ -16,6 +16,18 @@ def fmt_speedup(value: float | None) -> str:
     return f"{value:.2f}x" if value >= 0.01 else f"{value:.2g}x"
 
 
+def junit_figure(value: float) -> float:
+    """A figure for a JUnit property, to six significant digits: a fixed number of decimals wrote
+    a 0.000742x speedup (interpreted Triton) as 0.0007, and 1e-6 TFLOP/s as 0.0."""
+    return float(f"{value:.6g}")
+
+
+def collection_error_line(error: dict) -> str:
+    """The line of a collection error that says what is wrong: its last non-empty one."""
+    lines = [line.strip() for line in str(error.get("message") or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 HOST_SET_MARK = "~"
 # fits the 100-column terminal table
 HOST_SET_NOTE = "~ the host's speed sets part of this mean: the GPU idled between launches for 5%+ of a span"

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from pytest_kcoral.report import (
     HOST_SET_MARK,
+    collection_error_line,
     fmt_bool,
     fmt_mean_speedup,
     fmt_methods,
@@ -47,7 +48,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out += ["> **Partial run**: the session was interrupted; scores cover the items that ran.", ""]
     if collection_errors:  # cases that were never graded: they appear nowhere in the table below
         out += [f"> **{len(collection_errors)} collection error(s)**: not graded, not in the scores.", ">"]
-        out += [f"> - `{_cell(str(e.get('nodeid')))}`: {_cell(_first_line(e.get('message', '')))}" for e in collection_errors]
+        out += [f"> - `{_cell(str(e.get('nodeid')))}`: {_cell(collection_error_line(e)[:300])}" for e in collection_errors]
         out += [""]
     out += [
         "| case | candidate | compiled | seen correct | seen speedup | unseen correct"
@@ -109,12 +110,6 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out += [f"- `{r.case}::{r.candidate}` {_escape_mark(fmt_change(r))}" for r in compare.regressions]
         out += [f"- {_escape_mark(line)}" for line in caveats(compare)]
     return "\n".join(out) + "\n"
-
-
-def _first_line(message: str) -> str:
-    """The line of a collection error that says what is wrong (its last non-empty one)."""
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
 
 
 def append_step_summary(path: str | Path, markdown: str) -> None:

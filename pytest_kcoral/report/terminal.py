@@ -12,6 +12,7 @@ from typing import Sequence
 import pytest
 
 from pytest_kcoral.report import (
+    collection_error_line,
     fmt_bool,
     fmt_mean_speedup,
     fmt_methods,
@@ -136,8 +137,7 @@ def summary_lines(
     lines.append("")
     lines += suite_lines(scores)
     for err in collection_errors:
-        first = (err.get("message") or "").strip().splitlines()
-        lines.append(f"collection error {err.get('nodeid')}: {first[-1] if first else ''}")
+        lines.append(f"collection error {err.get('nodeid')}: {collection_error_line(err)}")
     if compare is not None:
         lines += compare_lines(compare)
     if seed is not None and not seed_is_secret:
