@@ -59,7 +59,7 @@ class Case:
     rtol: float | None = None
     inplace: tuple[int, ...] = ()
     has_baseline: bool = False  # a baseline other than the reference
-    baseline_file: Path | None = None  # native cases may keep the baseline in baseline.py
+    baseline_file: Path | None = None  # a baseline.py beside the case (native and KCoral bench folders)
     content_hash: str = ""
     # what is wrong with cost(shape), per shape: those shapes get no speed-of-light figures or floor
     cost_problems: tuple[str, ...] = ()
@@ -325,6 +325,8 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
     baseline = getattr(module, "baseline", None)
     if baseline is not None and not callable(baseline):
         raise CaseError(bench_py, "baseline must be a function")
+    # a baseline.py beside bench.py is the baseline, as in a native case (it is never a candidate)
+    baseline_file = folder / "baseline.py"
     shapes = seen + unseen
     _check_unique(config_path, shapes)
     return Case(
@@ -336,6 +338,7 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         tier=_tier(config_path, config.get("tier")),
         atol=_tolerance(config_path, config, "atol"),
         rtol=_tolerance(config_path, config, "rtol"),
-        has_baseline=baseline is not None,
+        has_baseline=baseline is not None or baseline_file.is_file(),
+        baseline_file=baseline_file if baseline is None and baseline_file.is_file() else None,
         content_hash=content_hash(folder),
     )

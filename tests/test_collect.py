@@ -130,6 +130,19 @@ def test_a_case_imports_the_modules_beside_it_and_each_case_its_own(pytester, ma
     assert not any(p.endswith(("first", "second")) for p in sys.path)
 
 
+def test_a_bench_folders_baseline_py_is_its_baseline(pytester, run_kcoral):
+    # KCoral users keep the baseline beside bench.py: it is timed against, and checked, not ignored
+    folder = pytester.path / "bench_relu"
+    folder.mkdir()
+    (folder / "bench.json").write_text(json.dumps({"cases": [{"n": 64}]}))
+    (folder / "bench.py").write_text(textwrap.dedent(KCORAL_BENCH_PY))
+    (folder / "baseline.py").write_text("def baseline(x):\n    return x.abs()\n")  # wrong on purpose: recorded, not failed
+    (folder / "v0.py").write_text("import torch\ndef run(x):\n    return torch.relu(x)\n")
+    run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["candidate"] == "v0" and item["baseline_correct"] is False
+
+
 def test_a_bench_folder_never_imports_its_candidates_into_a_trusted_process(pytester, run_kcoral):
     # beside bench.py every other .py is a candidate: untrusted, so not importable by the case
     folder = pytester.path / "bench_relu"
