@@ -145,7 +145,7 @@ class RemoteExecutor(LocalExecutor):
             with timed_phase(result, "timing"):
                 # no timing core: a core of this host means nothing on the server, and the
                 # candidate's program is built without one, so neither side is pinned
-                self._time(spec, candidate, trusted, device, None, tol, result)
+                self._time(spec, candidate, trusted, device, None, tol, result, ref.written_inputs)
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
 
     def _stage(self, stage: str, fn: Any) -> Any:
@@ -165,14 +165,16 @@ class RemoteExecutor(LocalExecutor):
         candidate_path = f"candidate/{spec.candidate.path.name}"
         commands: list[tuple[str, str, dict[str, Any], Any]] = [
             ("load_candidate", "import", {"path": candidate_path, "shape": shape}, None),
-            ("run", "correctness", {"shape": shape, "device": device, "poison_bytes": poison}, {"inputs": ref.inputs}),
+            ("run", "correctness", {"shape": shape, "device": device, "poison_bytes": poison, "written_inputs": list(ref.written_inputs)},
+             {"inputs": ref.inputs}),
         ]
         if self.settings.mode != "correctness":
             from pytest_kcoral.pipeline import TIMING_INPUT_SETS, VERIFIED_TIMED_CALLS
 
             budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
             commands.append(("time", "timing", dict(shape=shape, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget,
-                                                    timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS), None))
+                                                    timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS,
+                                                    written_inputs=list(ref.written_inputs)), None))
         commands.append(("finish", "finish", {}, None))
         extra_files = {candidate_path: spec.candidate.path.read_bytes()}
         return self.execute("candidate", spec.case, commands, extra_files)

@@ -240,6 +240,35 @@ def test_local_and_remote_runs_agree_per_nodeid(make_case, run_kcoral, pytester,
         assert set(remote[nodeid]) == set(item), nodeid  # the same ItemResult fields
 
 
+IN_PLACE_CASE = """
+import torch
+SEEN = [{"n": 256}]
+INPLACE = [0]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    a.add_(b)
+"""
+
+
+def test_remote_checks_in_place_results_as_local_runs_do(make_case, run_kcoral, pytester, kcoral_url):
+    watched = "calls = 0\ndef run(a, b):\n    global calls\n    calls += 1\n    if calls <= 3:\n        a.add_(b)\n"
+    make_case("cases/iadd", IN_PLACE_CASE, {"good": "def run(a, b):\n    a.add_(b)\n", "noop": "def run(a, b):\n    pass\n",
+                                            "watched": watched})
+    common = ("--kcoral-seed", "5")
+    run_kcoral(*common, "--kcoral-json", "local.json").assert_outcomes(passed=1, failed=2)
+    run_kcoral(*common, "--kcoral-url", kcoral_url, "--kcoral-json", "remote.json").assert_outcomes(passed=1, failed=2)
+    local, remote = _items(pytester.path / "local.json"), _items(pytester.path / "remote.json")
+    for nodeid, item in local.items():
+        assert (remote[nodeid]["stage"], remote[nodeid]["phase"]) == (item["stage"], item["phase"]), nodeid
+    noop = next(i for n, i in remote.items() if "noop" in n)
+    assert "input 0 (written in place by the reference)" in noop["message"]
+    watched_item = next(i for n, i in remote.items() if "watched" in n)
+    assert watched_item["phase"] == "verify" and "input 0 (written in place by the reference)" in watched_item["message"]
+
+
 def test_a_router_in_front_of_the_server_grades_the_same(make_case, run_kcoral, pytester, kcoral_router_url):
     # --kcoral-url names a router as readily as a server: programs reach a node through it
     make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "wrong": WRONG})
