@@ -81,6 +81,9 @@ class KernelItem(pytest.Item):
             self.user_properties.append((name, value))
         if result.outcome == "skipped":
             pytest.skip(result.message or "skipped")
+        if result.extra.get("service_unavailable"):
+            # every later item would wait for it too: stop, and the artifact says partial
+            self.session.shouldstop = f"stopped: {(result.message or '').splitlines()[0]}"
         if result.outcome != "passed":
             raise KernelFailure(result)
 
@@ -89,6 +92,8 @@ class KernelItem(pytest.Item):
             r = excinfo.value.result
             where = f" in phase '{r.phase}'" if r.phase and r.phase != r.stage else ""
             first, _, rest = (r.message or "").partition("\n")
+            if r.extra.get("service_unavailable"):  # nothing was graded: no stage failed
+                return f"kcoral could not grade this item: {first}\ncandidate: {self.candidate.path}"
             # the first line is what pytest's short summary shows: make it the reason
             return f"kcoral {r.stage} failed{where}: {first}\n{rest}\ncandidate: {self.candidate.path}".replace("\n\n\n", "\n\n")
         return super().repr_failure(excinfo)

@@ -90,6 +90,16 @@ class ItemSkipped(Exception):
     pass
 
 
+class ServiceUnavailable(Exception):
+    """The grading service (``--kcoral-url``) stopped answering: the item was never graded, and
+    neither the candidate nor the case is to blame. The session stops (``items.KernelItem``)."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+
+
 @dataclass
 class ReferenceData:
     """What the trusted child computed for one (case, shape, seed, device): shared by candidates."""
@@ -174,6 +184,12 @@ class LocalExecutor:
                 result.compiled = False
             if failure.stage == "correctness" or failure.disqualifies:
                 result.correct = False
+        except ServiceUnavailable as outage:
+            # failed, so the run cannot pass, but kept out of the scores: nothing was graded
+            result.stage = outage.stage
+            result.outcome = "failed"
+            result.message = outage.message
+            result.extra["service_unavailable"] = True
         except ItemSkipped as skip:
             result.outcome = "skipped"
             result.message = str(skip)
@@ -294,6 +310,8 @@ class LocalExecutor:
         try:
             return fn()
         except ChildFailure as failure:
+            if failure.kind == "outage":
+                raise ServiceUnavailable(stage, failure.message) from None
             self._skip_if_case_needs_cuda(failure)
             if failure.kind == "error" and failure.error.get("compile_error"):
                 stage = "compile"
@@ -392,8 +410,10 @@ class LocalExecutor:
                     if kept is child:
                         del self._trusted[key]
                 child.close()
-            self._skip_if_case_needs_cuda(failure)
             stage = "timing" if phase in ("baseline", "verify") else "correctness"
+            if failure.kind == "outage":
+                raise ServiceUnavailable(stage, failure.message) from None
+            self._skip_if_case_needs_cuda(failure)
             raise StageFailed(stage, CASE_FAILED_PREFIX + _describe_child_failure(stage, failure), phase, case_failed=True) from None
 
     def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance, result: ItemResult) -> None:

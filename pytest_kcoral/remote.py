@@ -21,6 +21,7 @@ the first stage that fails and later stages' results are ignored.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ HARNESS_DIR = Path(__file__).resolve().parent
 # The server's limit is a backstop behind the runner's own watchdog, which names the phase.
 SERVER_TIMEOUT_GRACE_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
+# While a program is out, the service's health is asked this often, and must answer this fast: the
+# client has no read timeout, so a server that stops answering (frozen, or a router whose last node
+# died) would otherwise hold the session forever. Health answers while a worker computes.
+HEALTH_POLL_S = 10.0
+HEALTH_TIMEOUT_S = 10.0
 
 
 class RemoteUnavailable(Exception):
@@ -212,21 +218,68 @@ class RemoteExecutor(LocalExecutor):
         program.run(id="done", fn=done)
         return self._send(program, role, phases, budget_s)
 
+    def _execute_watched(self, program: Any, budget_s: float) -> Any:
+        """``client.execute`` in a thread of its own, while the service's health is watched here.
+
+        A service that stops answering, or has no worker left, raises ``ServiceDown`` after
+        closing the client (which ends the blocked request) and opening a new one. Waiting for a
+        worker while the service is healthy is bounded by ``--kcoral-lease-timeout`` only, as
+        waiting for a device is locally."""
+        box: dict[str, Any] = {}
+
+        def execute() -> None:
+            try:
+                box["outcome"] = self.client.execute(program, timeout_seconds=budget_s + SERVER_TIMEOUT_GRACE_S)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = exc
+
+        started = time.monotonic()
+        thread = threading.Thread(target=execute, name="kcoral-remote-execute", daemon=True)
+        thread.start()
+        patience = budget_s + SERVER_TIMEOUT_GRACE_S + (self.settings.lease_timeout_s if self.settings.lease_timeout_s is not None else float("inf"))
+        while True:
+            thread.join(HEALTH_POLL_S)
+            if not thread.is_alive():
+                break
+            waited = time.monotonic() - started
+            problem = _watch_health(self.url)
+            if problem is None and waited > patience:
+                problem = f"no answer after {waited:.0f} s (the item's {budget_s:.0f} s, and --kcoral-lease-timeout for a worker)"
+            if problem is not None:
+                self.client.close()  # the blocked request ends with a transport error
+                thread.join(HEALTH_TIMEOUT_S)
+                self.client = self._fresh_client()  # for the items after this one: makes no connection yet
+                raise ServiceDown(f"the KCoral server at {self.url} stopped answering after {waited:.0f} s: {problem}")
+        if "error" in box:
+            raise box["error"]
+        return box["outcome"]
+
+    def _fresh_client(self) -> Any:
+        import kcoral
+
+        return kcoral.Client(self.url, connect_timeout_seconds=CONNECT_TIMEOUT_S)
+
     def _send(self, program: Any, role: str, phases: dict[str, str], budget_s: float) -> ReplayedChild:
-        from kcoral import KCoralError
+        from kcoral import KCoralError, TransportError
 
         first = next(iter(phases.values()))
         started = time.monotonic()
         try:
-            outcome = self.client.execute(program, timeout_seconds=budget_s + SERVER_TIMEOUT_GRACE_S)
+            outcome = self._execute_watched(program, budget_s)
+        except ServiceDown as exc:
+            return ReplayedChild.failed(ChildFailure("outage", first, str(exc)))
         except KCoralError as exc:
             if exc.status_code == 504 or exc.kind == "timeout":
                 # the server's own limit: it does not say which instruction was running
                 failure = ChildFailure("timeout", "unknown", f"timed out on the KCoral server (item timeout reached; request {exc.request_id})")
+            elif exc.status_code == 503:
+                failure = ChildFailure("outage", first, f"the KCoral service at {self.url} has no worker for the {role} program: {exc}")
             else:
                 failure = ChildFailure("protocol", first, f"the KCoral server at {self.url} refused the {role} program: {exc} (kind {exc.kind})")
             return ReplayedChild.failed(failure)
-        except Exception as exc:  # TransportError, ProtocolError
+        except TransportError as exc:  # refused, reset, or disconnected: the service is gone, not the item's fault
+            return ReplayedChild.failed(ChildFailure("outage", first, f"the KCoral server at {self.url} stopped answering: {type(exc).__name__}: {exc}"))
+        except Exception as exc:  # ProtocolError
             return ReplayedChild.failed(ChildFailure("protocol", first, f"KCoral server at {self.url}: {type(exc).__name__}: {exc}"))
         wall_s = time.monotonic() - started
         # waiting for a worker is not the item's own work (as waiting for a lease is not, locally)
@@ -242,6 +295,25 @@ class RemoteExecutor(LocalExecutor):
             "gpu_ids": list(outcome.gpu_ids),
         })
         return ReplayedChild(outcome, phases, wall_s >= budget_s)
+
+
+class ServiceDown(Exception):
+    """The KCoral service stopped answering, or has no worker left, while a program was out."""
+
+
+def _watch_health(url: str) -> str | None:
+    """Why the service at ``url`` cannot finish a program now, or None while it is healthy."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/health", timeout=HEALTH_TIMEOUT_S)
+        body = response.json()
+    except Exception as exc:  # noqa: BLE001 - any failure to answer is the finding
+        return f"its health check got no answer within {HEALTH_TIMEOUT_S:.0f} s ({type(exc).__name__})"
+    capacity = (body.get("load") or {}).get("request_capacity") if isinstance(body, dict) else None
+    if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "ok" or capacity == 0:
+        return f"its health check says status {body.get('status') if isinstance(body, dict) else '?'!r}, capacity {capacity} (no worker left)"
+    return None
 
 
 class RemoteTrusted:

@@ -258,8 +258,9 @@ class Scores:
 
 
 def graded(items: Iterable[ItemResult]) -> list[ItemResult]:
-    """The items that count: everything but skips."""
-    return [it for it in items if it.outcome != "skipped"]
+    """The items that count: everything but skips, and items the grading service (``--kcoral-url``)
+    stopped answering for, which were never graded."""
+    return [it for it in items if it.outcome != "skipped" and not it.extra.get("service_unavailable")]
 
 
 def _baseline_ok(item: ItemResult) -> bool:

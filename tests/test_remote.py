@@ -330,3 +330,68 @@ def test_remote_checks_structure_and_numbers_and_names_a_failed_case(make_case, 
     assert remote_items["cases/broken::any[seen-n=64]"]["case_failed"] is True
     for nodeid, item in local.items():  # the first lines: a traceback names the server's copy of the case
         assert (remote_items[nodeid]["message"] or "").split("\n")[0] == (item["message"] or "").split("\n")[0], nodeid
+
+
+@pytest.fixture
+def own_server(tmp_path: Path):
+    """A ``kcoral server`` of this test's own, in a process group of its own, that the test may
+    freeze or kill; whatever is left of it is killed afterwards."""
+    for module in ("fastapi", "uvicorn"):
+        try:
+            __import__(module)
+        except ImportError:
+            pytest.skip(f"the kcoral server needs {module}: pip install -e '.[remote]'")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "own-server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+                                   "--num-workers", "1", "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""],
+                                  cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        reason = _wait_until_ready(server, url, log_path)
+        if reason:
+            pytest.skip(reason)
+        yield server, url
+    finally:
+        try:
+            os.killpg(server.pid, 9)  # the server and its workers, frozen or not
+        except ProcessLookupError:
+            pass
+        server.wait(10)
+
+
+@pytest.mark.parametrize("how", ["frozen", "killed"])
+def test_a_server_that_stops_answering_stops_the_session_and_blames_no_one(make_case, pytester, own_server, how):
+    import signal
+
+    server, url = own_server
+    started = pytester.path / "started"
+    # the candidate says when it runs on the server, then takes long enough for the server to go
+    slow = f"import time\ndef run(a, b):\n    open({str(started)!r}, 'w').close()\n    time.sleep(30)\n    return a + b\n"
+    make_case("cases/add", candidates={"slow": slow})
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases", "--kcoral-url", url,
+                                "--kcoral-mode", "correctness", "--kcoral-timeout", "120", "--kcoral-json", "out.json"],
+                               cwd=pytester.path, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert time.monotonic() < deadline and session.poll() is None, "the candidate never ran on the server"
+            time.sleep(0.2)
+        if how == "frozen":
+            os.kill(server.pid, signal.SIGSTOP)  # the server process: no answer, not even to /health
+        else:
+            os.killpg(server.pid, 9)
+        out, _ = session.communicate(timeout=90)  # well before the candidate's 30 s sleep and the 120 s item timeout add up
+    finally:
+        if session.poll() is None:
+            session.kill()
+    text = out.decode(errors="replace")
+    assert session.returncode == pytest.ExitCode.INTERRUPTED, text[-3000:]
+    assert f"kcoral could not grade this item: the KCoral server at {url} stopped answering" in text, text[-3000:]
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert doc["partial"] is True  # stopped at the first outage: the items after it were not graded
+    (item,) = doc["items"]
+    assert item["outcome"] == "failed" and item["extra"]["service_unavailable"] is True
+    assert not item["case_failed"] and "the case itself failed" not in item["message"]
+    assert doc["candidates"] == [] and doc["failed_cases"] == []  # no one is scored or blamed for it
