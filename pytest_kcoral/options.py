@@ -166,7 +166,8 @@ class Settings:
             lease_dir=Path(lease_dir) if lease_dir else None,
             lease_timeout_s=opt("kcoral_lease_timeout"),
             json_path=Path(json_path) if json_path else None,
-            url=opt("kcoral_url") or os.environ.get("KCORAL_URL") or None,
+            # an explicit --kcoral-url "" grades here even with KCORAL_URL set
+            url=(opt("kcoral_url") if opt("kcoral_url") is not None else os.environ.get("KCORAL_URL")) or None,
             sandbox=opt("kcoral_sandbox"),
             artifacts=Path(artifacts) if artifacts else None,
             timing_budget_s=opt("kcoral_timing_budget"),

@@ -61,7 +61,14 @@ def connect(url: str) -> tuple[Any, dict[str, Any]]:
         health = client.health()
     except Exception as exc:  # TransportError, KCoralError, ProtocolError: none of them can grade
         client.close()
-        raise RemoteUnavailable(f"--kcoral-url {url}: cannot reach the KCoral server: {type(exc).__name__}: {exc}") from None
+        status = getattr(exc, "status_code", None)
+        if status == 503:
+            why = "it answered, but has no worker to run programs (HTTP 503: a router with no server node yet?)"
+        elif status is not None:
+            why = f"it answered /health with HTTP {status}: is it a KCoral server or router?"
+        else:
+            why = f"cannot reach the KCoral server: {type(exc).__name__}: {exc}"
+        raise RemoteUnavailable(f"--kcoral-url {url}: {why}") from None
     return client, health
 
 
@@ -271,7 +278,9 @@ class RemoteExecutor(LocalExecutor):
         except KCoralError as exc:
             if exc.status_code == 504 or exc.kind == "timeout":
                 # the server's own limit: it does not say which instruction was running
-                failure = ChildFailure("timeout", "unknown", f"timed out on the KCoral server (item timeout reached; request {exc.request_id})")
+                failure = ChildFailure("timeout", "unknown", f"timed out on the KCoral server: its own time limit (its"
+                                       f" --max-timeout-seconds) or this item's --kcoral-timeout was reached; the server does not say"
+                                       f" which instruction was running (request {exc.request_id})")
             elif exc.status_code == 503:
                 failure = ChildFailure("outage", first, f"the KCoral service at {self.url} has no worker for the {role} program: {exc}")
             else:

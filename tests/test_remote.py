@@ -289,6 +289,12 @@ def test_unreachable_url_is_a_usage_error_naming_it(make_case, run_kcoral):
     result.stderr.fnmatch_lines([f"*--kcoral-url {url}: cannot reach the KCoral server: TransportError:*"])
 
 
+def test_an_empty_url_option_grades_here_despite_kcoral_url_in_the_environment(make_case, run_kcoral, monkeypatch):
+    make_case("cases/add")
+    monkeypatch.setenv("KCORAL_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    run_kcoral("--kcoral-url", "", "--kcoral-mode", "correctness").assert_outcomes(passed=2)
+
+
 NUMBERS_CASE = """
 import torch
 SEEN = [{"n": 64}]
