@@ -620,3 +620,12 @@ def test_junit_item_figures_keep_six_significant_digits():
     # interpreted Triton on a CPU reads speedups far below 0.01x: four decimals wrote 0.0007
     props = dict(junit_properties(item(speedup=0.000742123)))
     assert props["kcoral_speedup"] == 0.000742123
+
+
+def test_a_run_without_seen_shapes_says_its_pairs_were_not_judged():
+    # -m unseen, --lf or -k can leave a pair no seen item: "seen no" then means "not run", not "wrong"
+    scores = scoring.score([item(split="unseen", shape_id="n=3", speedup=1.2), item(candidate="b", speedup=1.0)])
+    note = "NO SEEN SHAPE ran for 1 of 2 pair(s) (-m, -k or --lf): they count as not correct (no correctness points, bench-lite 0) until their seen shapes run"
+    assert note in terminal.summary_lines(scores)
+    assert f"- **{note}**" in step_summary.render_markdown(scores).splitlines()
+    assert not any("NO SEEN SHAPE" in line for line in terminal.summary_lines(scoring.score(fixed_items())))

@@ -28,6 +28,16 @@ def collection_error_line(error: dict) -> str:
     return lines[-1] if lines else ""
 
 
+def no_seen_note(candidates: Sequence[CandidateScore]) -> str | None:
+    """A pair is correct only on seen shapes that ran: said when some pair had none in this run
+    (``-m unseen``, ``--lf``, ``-k``), where its "seen no" means "not graded", not "wrong"."""
+    n = sum(1 for c in candidates if c.seen_items == 0)
+    if not n:
+        return None
+    return (f"NO SEEN SHAPE ran for {n} of {len(candidates)} pair(s) (-m, -k or --lf): they count as not correct"
+            " (no correctness points, bench-lite 0) until their seen shapes run")
+
+
 HOST_SET_MARK = "~"
 # fits the 100-column terminal table
 HOST_SET_NOTE = "~ the host's speed sets part of this mean: the GPU idled between launches for 5%+ of a span"

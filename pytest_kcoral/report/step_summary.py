@@ -20,6 +20,7 @@ from pytest_kcoral.report import (
     fmt_speedup,
     fmt_unseen,
     host_set_note,
+    no_seen_note,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change
 from pytest_kcoral.scoring import Scores
@@ -88,6 +89,9 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     if s.pass_at_k:
         out.append("- pass@k: " + ", ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
     out.append(f"- bench-lite total (tier-weighted) {fmt_score(s.bench_lite_total)}")
+    note = no_seen_note(scores.candidates)
+    if note:
+        out.append(f"- **{_cell(note)}**")
     for w in scores.weak_cases:
         out.append(f"- **weak case** `{w.case}`: zeros or a constant match the reference on "
                    f"{', '.join(w.shapes)}")

@@ -21,6 +21,7 @@ from pytest_kcoral.report import (
     fmt_speedup,
     fmt_unseen,
     host_set_note,
+    no_seen_note,
     pair_name,
     speed_of_light_lines,
 )
@@ -82,6 +83,9 @@ def suite_lines(scores: Scores) -> list[str]:
     if s.pass_at_k:
         lines.append("pass@k " + "  ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
     lines.append(f"bench-lite total (tier-weighted) {fmt_score(s.bench_lite_total)}")
+    note = no_seen_note(scores.candidates)
+    if note:
+        lines.append(note)
     if scores.leaderboard:
         lines.append("leaderboard (best attempt per case):")
         for e in scores.leaderboard:
@@ -150,5 +154,6 @@ def summary_lines(
 def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str]) -> None:
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
-        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "CASE FAILED"))
+        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "CASE FAILED",
+                                        "NO SEEN SHAPE"))
         terminalreporter.write_line(line, red=red)
