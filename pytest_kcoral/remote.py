@@ -30,7 +30,7 @@ from pytest_kcoral import protocol
 from pytest_kcoral.cases import Case
 from pytest_kcoral.isolation import ChildFailure
 from pytest_kcoral.options import Settings
-from pytest_kcoral.pipeline import ItemSpec, LocalExecutor, timed_phase
+from pytest_kcoral.pipeline import ItemSpec, LocalExecutor, StageFailed, timed_phase
 from pytest_kcoral.results import ItemResult
 
 HARNESS_DIR = Path(__file__).resolve().parent
@@ -141,7 +141,13 @@ class RemoteExecutor(LocalExecutor):
 
         # the inputs come from the trusted side first: the candidate's program carries them
         with timed_phase(result, "reference"):
-            ref = self._reference_data(spec, device, trusted, tol)
+            try:
+                ref = self._reference_data(spec, device, trusted, tol)
+            except StageFailed as failure:
+                if failure.case_failed:
+                    # a local run compiles first: learn what it would have, so the item reads the same
+                    result.compiled = self._compiles(spec)
+                raise
         # known before the candidate runs, so a compile failure still counts in the quadrants
         result.baseline_correct = ref.baseline_correct
         result.weak_reference = ref.weak
@@ -169,6 +175,21 @@ class RemoteExecutor(LocalExecutor):
             if failure.kind in ("crash", "timeout") and failure.phase in _STAGE_OF_PHASE:
                 stage = _STAGE_OF_PHASE[failure.phase]
             return super()._stage(stage, lambda: _reraise(failure))
+
+    def _compiles(self, spec: ItemSpec) -> bool:
+        """Whether the candidate imports (a program of its own, run only when the case failed
+        before the candidate's program could be built). A candidate that does not compile fails
+        its item at compile, as it would locally, ahead of the case's failure."""
+        shape = spec.shape.params
+        candidate_path = f"candidate/{spec.candidate.path.name}"
+        program = self.execute("candidate", spec.case, [("load_candidate", "import", {"path": candidate_path, "shape": shape}, None),
+                                                        ("finish", "finish", {}, None)], {candidate_path: spec.candidate.path.read_bytes()})
+        try:
+            program.call("start", "startup")
+        except ChildFailure:
+            return False  # the case fails in the candidate's process too: the case's failure stands
+        self._stage("compile", lambda: program.call("load_candidate", "import"))
+        return True
 
     def _candidate_program(self, spec: ItemSpec, ref: Any, device: str) -> ReplayedChild:
         import torch

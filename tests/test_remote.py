@@ -324,11 +324,11 @@ def test_remote_checks_structure_and_numbers_and_names_a_failed_case(make_case, 
         "off_by_one": "def run(x):\n    return [x * 2, x.numel() + 1]\n",  # a list for a tuple is fine; the count is not
         "single": "def run(x):\n    return x * 2\n",
     })
-    make_case("cases/broken", BROKEN_REFERENCE_CASE, {"any": "def run(x):\n    return x\n"})
+    make_case("cases/broken", BROKEN_REFERENCE_CASE, {"any": "def run(x):\n    return x\n", "missing": BROKEN})
     common = ("--kcoral-mode", "correctness", "--kcoral-seed", "5")
-    run_kcoral(*common, "--kcoral-json", "local.json").assert_outcomes(passed=1, failed=3)
+    run_kcoral(*common, "--kcoral-json", "local.json").assert_outcomes(passed=1, failed=4)
     remote = run_kcoral(*common, "--kcoral-url", kcoral_url, "--kcoral-json", "remote.json")
-    remote.assert_outcomes(passed=1, failed=3)
+    remote.assert_outcomes(passed=1, failed=4)
     remote.stdout.fnmatch_lines(["CASE FAILED cases/broken on seen n=64, every candidate failing there: ValueError: reference bug"])
     local, remote_items = _items(pytester.path / "local.json"), _items(pytester.path / "remote.json")
     assert "output 1 is 65, expected 64" in remote_items["cases/numbers::off_by_one[seen-n=64]"]["message"]
@@ -336,6 +336,9 @@ def test_remote_checks_structure_and_numbers_and_names_a_failed_case(make_case, 
     assert remote_items["cases/broken::any[seen-n=64]"]["case_failed"] is True
     for nodeid, item in local.items():  # the first lines: a traceback names the server's copy of the case
         assert (remote_items[nodeid]["message"] or "").split("\n")[0] == (item["message"] or "").split("\n")[0], nodeid
+        # remote runs the reference before the candidate's program, yet reads as a local run that compiled first
+        fields = ("stage", "compiled", "case_failed")
+        assert {f: remote_items[nodeid][f] for f in fields} == {f: item[f] for f in fields}, nodeid
 
 
 @pytest.fixture
