@@ -13,6 +13,7 @@ cannot shadow a module the harness imports later.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -174,7 +175,15 @@ class _Runner:
                 return
             # every reply names the command it answers, so a forged or duplicated reply shows
             echo = {"seq": header.get("seq"), "nonce": header.get("nonce")}
-            reply, reply_payload = self.handle(header, payload)
+            # a command still running just before the parent's deadline prints every thread's
+            # stack to the output, so a timeout can say where the candidate was
+            dump_after_s = header.get("stack_dump_after_s")
+            if isinstance(dump_after_s, (int, float)) and dump_after_s > 0:
+                faulthandler.dump_traceback_later(dump_after_s, repeat=False, file=sys.stderr, exit=False)
+            try:
+                reply, reply_payload = self.handle(header, payload)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
             protocol.send(conn, dict(reply, **echo), reply_payload)
 
     def handle(self, header: dict[str, Any], payload: Any) -> tuple[dict[str, Any], Any]:

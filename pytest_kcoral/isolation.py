@@ -15,9 +15,11 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import re
 import secrets
 import shutil
 import signal
+import sysconfig
 import tempfile
 import threading
 import time
@@ -143,6 +145,32 @@ def _kill_orphans() -> list[int]:
     return roots
 
 
+# A command still running this long before the item's deadline prints its stacks (``child.serve``).
+STACK_DUMP_LEAD_S = 1.0
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# Frames of the harness and of Python's and the packages' own code: not where a kernel author looks.
+_NOT_THEIRS = (os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+               sysconfig.get_paths()["platlib"], "<")  # "<frozen ...>", and the template's "<string>"
+
+
+def stack_at_timeout(output: str) -> tuple[str, str]:
+    """Where a timed-out child was, from the stacks ``faulthandler`` printed just before the
+    deadline: `` at FILE:LINE in FUNC`` for the innermost frame of the candidate's or the case's
+    code (empty when there is none), and the output with the dump cut down to those frames."""
+    start = output.rfind("Timeout (")
+    if start < 0:
+        return "", output
+    frames = [m for m in (_DUMP_FRAME.match(line) for line in output[start:].splitlines()) if m]
+    theirs = [m for m in frames if not m["file"].startswith(_NOT_THEIRS)]
+    kept = output[:start].rstrip("\n")
+    if not theirs:
+        return "", kept
+    stack = "\n".join(f"  {m['file']}:{m['line']} in {m['func']}" for m in theirs[:6])
+    top = theirs[0]
+    where = f" at {os.path.basename(top['file'])}:{top['line']} in {top['func']}"
+    return where, (kept + "\n" if kept else "") + f"stack at the timeout, innermost first (harness and library frames left out):\n{stack}"
+
+
 class ChildFailure(Exception):
     """A child did not complete a command: it raised, crashed, exited, hung or lied on the wire."""
 
@@ -240,7 +268,8 @@ class Child:
         self._nonce = secrets.randbits(63)
         started = time.perf_counter()
         try:
-            protocol.send(self.conn, dict(fields, cmd=cmd, seq=self._seq, nonce=self._nonce), payload)
+            dump_after_s = self.deadline - time.monotonic() - STACK_DUMP_LEAD_S
+            protocol.send(self.conn, dict(fields, cmd=cmd, seq=self._seq, nonce=self._nonce, stack_dump_after_s=dump_after_s), payload)
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             self._raise_died()
         try:
@@ -252,7 +281,8 @@ class Child:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0 or not self.conn.poll(remaining):
             self.kill()
-            raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' (item timeout reached)", self.output())
+            where, output = stack_at_timeout(self.output())
+            raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' (item timeout reached){where}", output)
         try:
             header, payload = protocol.recv(self.conn, self.deadline)
         except TimeoutError:  # a message begun and never finished counts as a hang

@@ -47,6 +47,22 @@ def test_hang_times_out_naming_the_phase_and_the_next_item_runs(make_case, run_k
     assert elapsed < 20, f"the hung child was not killed promptly ({elapsed:.1f} s)"
 
 
+def test_a_timeout_says_where_the_candidate_was(make_case, run_kcoral):
+    # a hang in prepare() and one in the callable it returns read alike without the line
+    in_prepare = "import time\ndef prepare(a, b):\n    while True:\n        time.sleep(0.1)\n"
+    in_call = "import time\ndef spin():\n    while True:\n        time.sleep(0.1)\ndef prepare(a, b):\n    return spin\n"
+    make_case("cases/add", candidates={"in_prepare": in_prepare, "in_call": in_call})
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "4", "-m", "seen")
+    result.assert_outcomes(failed=2, deselected=2)
+    result.stdout.fnmatch_lines([
+        "*kcoral correctness failed: timed out in phase 'correctness' (item timeout reached) at in_call.py:4 in spin*",
+        "*stack at the timeout, innermost first (harness and library frames left out):",
+        "*in_call.py:4 in spin",
+        "*kcoral correctness failed: timed out in phase 'correctness' (item timeout reached) at in_prepare.py:4 in prepare*",
+    ])
+    assert "faulthandler" not in result.stdout.str() and "Thread 0x" not in result.stdout.str()  # the raw dump is cut
+
+
 def test_hang_at_import_is_killed_in_the_import_phase(make_case, run_kcoral):
     make_case("cases/add", candidates={"hang": "import time\nwhile True:\n    time.sleep(0.1)\n"})
     result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "2", "-m", "seen")
