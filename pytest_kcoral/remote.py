@@ -271,13 +271,16 @@ class RemoteExecutor(LocalExecutor):
                 break
             waited = time.monotonic() - started
             problem = _watch_health(self.url)
-            if problem is None and waited > patience:
-                problem = f"no answer after {waited:.0f} s (the item's {budget_s:.0f} s, and --kcoral-lease-timeout for a worker)"
+            if problem is not None:
+                problem = f"the KCoral server at {self.url} stopped answering after {waited:.0f} s: {problem}"
+            elif waited > patience:
+                problem = (f"no worker of the KCoral service at {self.url} finished the program within {waited:.0f} s"
+                           f" (the item's {budget_s:.0f} s, and --kcoral-lease-timeout for a worker)")
             if problem is not None:
                 self.client.close()  # the blocked request ends with a transport error
                 thread.join(HEALTH_TIMEOUT_S)
                 self.client = self._fresh_client()  # for the items after this one: makes no connection yet
-                raise ServiceDown(f"the KCoral server at {self.url} stopped answering after {waited:.0f} s: {problem}")
+                raise ServiceDown(problem)
         if "error" in box:
             raise box["error"]
         return box["outcome"]
