@@ -149,8 +149,8 @@ def _kill_orphans() -> list[int]:
 STACK_DUMP_LEAD_S = 1.0
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 # Frames of the harness and of Python's and the packages' own code: not where a kernel author looks.
-_NOT_THEIRS = (os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-               sysconfig.get_paths()["platlib"], "<")  # "<frozen ...>", and the template's "<string>"
+_NOT_THEIRS = (os.path.dirname(os.path.abspath(__file__)), *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
+               "<")  # "<frozen ...>", and the template's "<string>"
 
 
 def stack_at_timeout(output: str) -> tuple[str, str]:

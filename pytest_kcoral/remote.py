@@ -180,10 +180,8 @@ class RemoteExecutor(LocalExecutor):
         """Whether the candidate imports (a program of its own, run only when the case failed
         before the candidate's program could be built). A candidate that does not compile fails
         its item at compile, as it would locally, ahead of the case's failure."""
-        shape = spec.shape.params
-        candidate_path = f"candidate/{spec.candidate.path.name}"
-        program = self.execute("candidate", spec.case, [("load_candidate", "import", {"path": candidate_path, "shape": shape}, None),
-                                                        ("finish", "finish", {}, None)], {candidate_path: spec.candidate.path.read_bytes()})
+        load, files = _candidate_upload(spec)
+        program = self.execute("candidate", spec.case, [load, ("finish", "finish", {}, None)], files)
         try:
             program.call("start", "startup")
         except ChildFailure:
@@ -196,9 +194,9 @@ class RemoteExecutor(LocalExecutor):
 
         shape = spec.shape.params
         poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
-        candidate_path = f"candidate/{spec.candidate.path.name}"
+        load, files = _candidate_upload(spec)
         commands: list[tuple[str, str, dict[str, Any], Any]] = [
-            ("load_candidate", "import", {"path": candidate_path, "shape": shape}, None),
+            load,
             ("run", "correctness", {"shape": shape, "device": device, "poison_bytes": poison, "written_inputs": list(ref.written_inputs)},
              {"inputs": ref.inputs}),
         ]
@@ -210,8 +208,7 @@ class RemoteExecutor(LocalExecutor):
                                                     timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS,
                                                     written_inputs=list(ref.written_inputs)), None))
         commands.append(("finish", "finish", {}, None))
-        extra_files = {candidate_path: spec.candidate.path.read_bytes()}
-        return self.execute("candidate", spec.case, commands, extra_files)
+        return self.execute("candidate", spec.case, commands, files)
 
     # -- programs ----------------------------------------------------------------------------
 
@@ -431,6 +428,12 @@ class ReplayedChild:
 _GATES_ONLY = ("start", "load_candidate")
 # The stage a failure in each phase belongs to (a lost reply raises it from an earlier stage's call).
 _STAGE_OF_PHASE = {"startup": "compile", "import": "compile", "correctness": "correctness", "timing": "timing"}
+
+
+def _candidate_upload(spec: ItemSpec) -> tuple[tuple[str, str, dict[str, Any], Any], dict[str, bytes]]:
+    """A candidate program's ``load_candidate`` command and the candidate file it imports."""
+    path = f"candidate/{spec.candidate.path.name}"
+    return ("load_candidate", "import", {"path": path, "shape": spec.shape.params}, None), {path: spec.candidate.path.read_bytes()}
 
 
 def _reraise(failure: ChildFailure) -> Any:

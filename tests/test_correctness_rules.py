@@ -17,6 +17,13 @@ def reference(a, b):
     return a + b
 """
 
+def _one_input_case(reference_body: str, n: int = 64, scale: str = "") -> str:
+    """A case source with one random input of ``n`` elements (times ``scale``) and ``reference(x)``
+    made of ``reference_body``: the shape the single-output rules below are tried on."""
+    return (f'\nimport torch\nSEEN = [{{"n": {n}}}]\n\ndef make_inputs(shape, device):\n'
+            f'    return (torch.randn(shape["n"], device=device){scale},)\n\ndef reference(x):\n{reference_body}')
+
+
 RULES = {
     "structure": ("def run(a, b):\n    return a + b, a - b\n", "returned a tuple or list of 2, the reference returns a single value"),
     "wrapped": ("def run(a, b):\n    return [a + b]\n", "returned a tuple or list of 1, the reference returns a single value"),
@@ -170,16 +177,7 @@ def test_a_tuple_and_a_list_are_the_same_structure_a_single_value_is_not(make_ca
     result.stdout.fnmatch_lines(["*cases/pair::single?seen-n=64?*", "*returned a single value, the reference returns a tuple or list of 2"])
 
 
-CASE_RETURNING_NUMBERS = """
-import torch
-SEEN = [{"n": 64}]
-
-def make_inputs(shape, device):
-    return (torch.randn(shape["n"], device=device),)
-
-def reference(x):
-    return x * 2, x.numel(), float(x.double().sum()), None
-"""
+CASE_RETURNING_NUMBERS = _one_input_case('    return x * 2, x.numel(), float(x.double().sum()), None\n')
 
 
 def test_plain_numbers_in_the_output_are_compared_by_type_and_value(make_case, run_kcoral):
@@ -200,16 +198,7 @@ def test_plain_numbers_in_the_output_are_compared_by_type_and_value(make_case, r
     assert "trial 1 of 3: output 3 is int 0, expected NoneType None" in out
 
 
-CASE_RETURNING_A_SPECTRUM = """
-import torch
-SEEN = [{"n": 64}]
-
-def make_inputs(shape, device):
-    return (torch.randn(shape["n"], device=device),)
-
-def reference(x):
-    return torch.fft.fft(x)
-"""
+CASE_RETURNING_A_SPECTRUM = _one_input_case('    return torch.fft.fft(x)\n')
 
 
 def test_complex_outputs_are_compared_in_both_parts_within_the_parts_tolerance(make_case, run_kcoral):
@@ -225,16 +214,7 @@ def test_complex_outputs_are_compared_in_both_parts_within_the_parts_tolerance(m
     result.stdout.fnmatch_lines(["*trial 1 of 3: output 0: * of 128 elements * outside atol 0.0001 + rtol 0.0001 x |ref|*worst at index (*, 1)*"])
 
 
-CASE_RETURNING_FP8 = """
-import torch
-SEEN = [{"n": 64}]
-
-def make_inputs(shape, device):
-    return (torch.randn(shape["n"], device=device) * 4,)
-
-def reference(x):
-    return (x * 1.5).to(torch.float8_e4m3fn)
-"""
+CASE_RETURNING_FP8 = _one_input_case('    return (x * 1.5).to(torch.float8_e4m3fn)\n', scale=" * 4")
 
 
 def test_fp8_outputs_are_graded_within_one_unit_in_the_last_place(make_case, run_kcoral):
@@ -261,19 +241,7 @@ def test_one_fp8_step_is_within_the_default_tolerance_two_are_not():
     assert compare_outputs([two_steps], [ref], Tolerance(None, None))
 
 
-CASE_WITH_INFINITIES = """
-import torch
-SEEN = [{"n": 8}]
-
-def make_inputs(shape, device):
-    return (torch.randn(shape["n"], device=device),)
-
-def reference(x):
-    y = x.clone()
-    y[0] = float("inf")
-    y[1] = float("nan")
-    return y
-"""
+CASE_WITH_INFINITIES = _one_input_case('    y = x.clone()\n    y[0] = float("inf")\n    y[1] = float("nan")\n    return y\n', n=8)
 
 
 def test_a_wrong_infinity_is_named_not_measured(make_case, run_kcoral):
@@ -301,16 +269,7 @@ def test_the_poison_reads_as_nan_in_every_floating_format(dtype):
     assert bool(values.to(torch.float32).isnan().all()), values
 
 
-CASE_RETURNING_NESTED = """
-import torch
-SEEN = [{"n": 16}]
-
-def make_inputs(shape, device):
-    return (torch.randn(shape["n"], device=device),)
-
-def reference(x):
-    return x * 2, (x + 1, x - 1), {"total": x.sum(), "count": x.numel()}
-"""
+CASE_RETURNING_NESTED = _one_input_case('    return x * 2, (x + 1, x - 1), {"total": x.sum(), "count": x.numel()}\n', n=16)
 
 
 def test_nested_and_dict_outputs_are_compared_leaf_by_leaf_and_by_shape(make_case, run_kcoral):
