@@ -2,7 +2,8 @@
 
 ``CaseRuntime`` makes seeded inputs and calls the reference and the baseline; ``CandidateRuntime``
 loads a candidate and turns it into a zero-argument callable per input set (``run``, ``prepare``
-or a KernelBench ``ModelNew``). Only children import this module.
+or a KernelBench ``ModelNew``); ``BaselineRuntime`` does the same for the case's baseline, in the
+child that times it. Only children import this module.
 """
 
 from __future__ import annotations
@@ -124,6 +125,22 @@ def _import_candidate(path: Path) -> ModuleType:
     sys.modules["kcoral_candidate"] = module
     spec.loader.exec_module(module)
     return module
+
+
+class BaselineRuntime:
+    """The case's baseline in the form of a loaded candidate (``bind``), for the child that times
+    it the way a candidate's child times the candidate (``child._cmd_load_baseline``)."""
+
+    entry = "baseline"
+
+    def __init__(self, case: CaseRuntime, shape: dict[str, Any]) -> None:
+        self.case = case
+        if case.format == KERNELBENCH:
+            # built at load, as a candidate's ModelNew is
+            case.bind_model(case.module.Model, shape, ())
+
+    def bind(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
+        return self.case.bind_baseline(shape, args)
 
 
 class CandidateRuntime:

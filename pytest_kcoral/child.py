@@ -1,9 +1,11 @@
 """The stage runner: the code that runs inside a child process, never in the pytest process.
 
-A child has one role. A *trusted* child imports only the case (reference, baseline, inputs); a
-*candidate* child imports one candidate. The parent drives either with commands over a pipe
-(``protocol.py``) and always knows which phase a child is in, so a crash or a hang is reported
-with the phase it reached.
+A child has one role. A *trusted* child imports only the case (reference, inputs, the baseline's
+correctness, the case's cost); a *candidate* child imports one candidate; a *baseline* child
+imports only the case and goes the candidate's way with the baseline (load, one correctness run,
+timing), so the two sides of a speedup are timed in processes with the same history. The parent
+drives each with commands over a pipe (``protocol.py``) and always knows which phase a child is
+in, so a crash or a hang is reported with the phase it reached.
 
 Everything the harness relies on (torch, the timer, the checks) is imported before the candidate
 loads, and the candidate's working directory is not on ``sys.path``, so files it writes there
@@ -27,6 +29,7 @@ from pytest_kcoral.timing import pinning, placement
 
 TRUSTED = "trusted"
 CANDIDATE = "candidate"
+BASELINE = "baseline"
 
 _rng = random.SystemRandom()  # timing-input seeds a candidate cannot predict
 
@@ -44,9 +47,9 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
     os.environ.update(env)
     sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
     sys.dont_write_bytecode = True
-    if role == CANDIDATE:
+    if role in (CANDIDATE, BASELINE):
         _keep_large_allocations_on_heap()
-    else:
+    if role in (TRUSTED, BASELINE):
         _compile_without_shared_caches(workdir)
     try:
         runner = _Runner(role, case_spec)
@@ -61,8 +64,8 @@ _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _compile_without_shared_caches(workdir: str) -> None:
-    """The trusted child compiles the reference's and the baseline's kernels itself and never
-    loads compiled code from a disk cache.
+    """The trusted and the baseline child compile the reference's and the baseline's kernels
+    themselves and never load compiled code from a disk cache.
 
     Compile caches are shared: Triton's (``~/.triton/cache``), Inductor's
     (``/tmp/torchinductor_<user>``) and ``torch.utils.cpp_extension``'s builds, and under
@@ -278,20 +281,33 @@ class _Runner:
             return [f"{type(exc).__name__}: {exc}"[:500]]
         return correctness.compare_outputs(base, ref, tol)
 
-    def _cmd_time_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
-        self._require(TRUSTED)
-        reply, payload = self._time(header, lambda shape, args: self.case.bind_baseline(shape, args))
-        if header.get("floor", True):
-            from pytest_kcoral import physical_floor, speed_of_light
+    def _cmd_cost(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        """The case's cost at the shape and the physical floor its bytes allow (a bandwidth
+        measurement on the device, so under the lease)."""
+        from pytest_kcoral import physical_floor, speed_of_light
 
-            try:
-                cost = speed_of_light.valid_cost(self.case.cost(header["shape"]))
-            except Exception:  # noqa: BLE001 - said at collection (cases._check_cost); timed without it
-                cost = None
-            reply["cost"] = cost
-            if cost and cost.get("bytes"):
-                reply["floor"] = physical_floor.measure(cost["bytes"], self.device)
-        return reply, payload
+        self._require(TRUSTED)
+        try:
+            cost = speed_of_light.valid_cost(self.case.cost(header["shape"]))
+        except Exception:  # noqa: BLE001 - said at collection (cases._check_cost); timed without it
+            cost = None
+        reply: dict[str, Any] = {"cost": cost}
+        if cost and cost.get("bytes"):
+            reply["floor"] = physical_floor.measure(cost["bytes"], self.device)
+        return reply, None
+
+    # -- baseline role ----------------------------------------------------------------------
+
+    def _cmd_load_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        """The baseline in place of a candidate: the commands after this one (``run``, ``time``,
+        ``finish``) are the candidate's, audits included."""
+        self._require(BASELINE)
+        from pytest_kcoral.case_runtime import BaselineRuntime
+
+        self.baseline = leftovers.Baseline.take()
+        self.snapshot = tamper.Snapshot.take()
+        self.candidate = BaselineRuntime(self.case, header["shape"])
+        return {"entry": self.candidate.entry}, None
 
     # -- candidate role ---------------------------------------------------------------------
 
@@ -310,7 +326,7 @@ class _Runner:
 
     def _cmd_run(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
         """Run the candidate once per input set; report outputs, the inputs it changed and findings."""
-        self._require(CANDIDATE)
+        self._require(CANDIDATE, BASELINE)
         import torch
 
         from pytest_kcoral import correctness
@@ -338,17 +354,20 @@ class _Runner:
         return {"findings": findings, "inputs_changed": inputs_changed, "structures": structures}, {"outputs": outputs, "written": written}
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
-        self._require(CANDIDATE)
-        return self._time(header, self.candidate.bind)
+        self._require(CANDIDATE, BASELINE)
+        # the baseline's kept outputs are kept as the candidate's are, and not sent: nothing checks them
+        return self._time(header, self.candidate.bind, send_kept=header.get("send_kept", True) is not False)
 
     # -- shared -----------------------------------------------------------------------------
 
-    def _time(self, header: dict[str, Any], bind: Callable[[dict, tuple], Callable[[], Any]]) -> tuple[dict, Any]:
+    def _time(self, header: dict[str, Any], bind: Callable[[dict, tuple], Callable[[], Any]], send_kept: bool = True) -> tuple[dict, Any]:
         """Time a callable over rotating input sets whose values are refreshed before every call.
 
         Each refresh draws a fresh seed, so neither a pointer- nor a content-keyed cache can answer
         a timed call; a few timed calls, picked at random, are kept with their seeds so the parent
-        can check them against the reference.
+        can check them against the reference. With ``send_kept`` False they are kept all the same
+        (keeping allocates between timed calls, and a small kernel's time follows where its
+        outputs land), then dropped unsent.
         """
         from pytest_kcoral import timing
 
@@ -410,16 +429,16 @@ class _Runner:
         if len(sets) != n_sets:
             stats.flags.append(f"input_sets={len(sets)}: small inputs, each set placed apart")
         verify = []
-        for entry in kept:
+        for entry in kept if send_kept else ():
             out_tuple = _leaves(entry["out"])
             problems = _inspect_outputs(out_tuple, (), self.device)
             verify.append({"seed": entry["seed"], "outputs": None if problems else _to_cpu(out_tuple),
                            "written": None if problems else _to_cpu(entry["written"])})
         return {"stats": stats.to_dict(), "verify_seeds": [v["seed"] for v in verify]}, {"verify": verify}
 
-    def _require(self, role: str) -> None:
-        if self.role != role:
-            raise RuntimeError(f"command needs a {role} child, this one is {self.role}")
+    def _require(self, *roles: str) -> None:
+        if self.role not in roles:
+            raise RuntimeError(f"command needs a {' or '.join(roles)} child, this one is {self.role}")
 
 
 MAX_STRUCTURE_DEPTH = 8  # deeper nesting is a leaf, which the output checks then refuse

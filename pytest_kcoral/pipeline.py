@@ -1,8 +1,9 @@
 """Run step: one item's stages, compile -> correctness -> timing, gated in order.
 
 ``LocalExecutor`` runs them in child processes on this host: the candidate in a fresh child of
-its own, the reference and the baseline in a trusted child that never imports a candidate. The
-GPU stages run under the device lease; compile does not. Where an item's work executes is behind
+its own; the reference, the baseline's correctness and the case's cost in a trusted child that
+never imports a candidate; the baseline's timing in a fresh child that goes the candidate's way
+and never imports a candidate either. The GPU stages run under the device lease; compile does not. Where an item's work executes is behind
 the ``Executor`` interface, so a remote executor (a KCoral service) can take its place.
 """
 
@@ -14,11 +15,12 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, Protocol
+from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
 
 from pytest_kcoral import correctness, cpu_share, isolation, speed_of_light, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape
+from pytest_kcoral.child import BASELINE as BASELINE_ROLE
 from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.isolation import Child, ChildFailure
@@ -231,6 +233,8 @@ class LocalExecutor:
                 self._record_baseline_only(spec, result, tol)
                 raise
             result.compiled = True
+            # started before the lease, as the candidate's child is: process starts stay off the device's time
+            baseline = self._baseline_child(spec, stack, deadline) if self.settings.mode != "correctness" else None
 
             lease = stack.enter_context(self._lease(spec, result))
             # --kcoral-timeout bounds the item's own work; waiting for the device is bounded by
@@ -240,6 +244,9 @@ class LocalExecutor:
             # the candidate's process ends before the device is given back: nothing it left
             # running (a thread, a kernel queue) may overlap the next holder's measurements
             stack.callback(candidate.close)
+            if isinstance(baseline, Child):
+                baseline.deadline = deadline
+                stack.callback(baseline.close)
             device = result.device or "cpu"
 
             def trusted() -> Child:
@@ -256,7 +263,7 @@ class LocalExecutor:
             result.correct = True
             if self.settings.mode != "correctness":
                 with timed_phase(result, "timing"):
-                    self._time(spec, candidate, trusted, device, self._timing_cpu(lease), tol, result, ref.written_inputs)
+                    self._time(spec, candidate, baseline, trusted, ref, device, self._timing_cpu(lease), tol, result)
             if self.diagnostics and self.diagnostics.ncu:
                 deadline = self._diagnose(spec, ref, device, result, "ncu", candidate, deadline)
             # the last word: the child's audit runs once more, and a reply left over in the
@@ -272,6 +279,24 @@ class LocalExecutor:
         except ChildFailure as failure:
             self._skip_if_case_needs_cuda(failure)
             raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase, case_failed=True) from None
+
+    def _baseline_child(self, spec: ItemSpec, stack: contextlib.ExitStack, deadline: float) -> Child | StageFailed:
+        """The fresh child that times the baseline, holding the baseline as a candidate's child
+        holds the candidate (``load_baseline``), or the case's failure to raise when timing starts
+        (the candidate's correctness comes first).
+
+        Not the trusted child: the same code timed in the trusted child and in a fresh child that
+        went the candidate's way read 5% apart on an H200 (a 32x256 layer norm, 2.9 us against
+        2.75 us, on every run and host; docs/performance.md). The sides of a speedup are timed in
+        processes with the same history, so such a difference cannot pass for a speedup."""
+        try:
+            child = stack.enter_context(Child(BASELINE_ROLE, self._case_spec(spec.case), self._child_env(), deadline,
+                                              f"baseline:{spec.case.case_id}", self.sandbox))
+            child.call("load_baseline", "baseline", shape=spec.shape.params)
+            return child
+        except ChildFailure as failure:
+            self._skip_if_case_needs_cuda(failure)
+            return StageFailed("timing", CASE_FAILED_PREFIX + _describe_child_failure("timing", failure), failure.phase, case_failed=True)
 
     def _diagnose(self, spec: ItemSpec, ref: ReferenceData, device: str, result: ItemResult, tool: str,
                   candidate: Child, deadline: float) -> float:
@@ -410,21 +435,24 @@ class LocalExecutor:
                     if kept is child:
                         del self._trusted[key]
                 child.close()
-            stage = "timing" if phase in ("baseline", "verify") else "correctness"
-            if failure.kind == "outage":
-                raise ServiceUnavailable(stage, failure.message) from None
-            self._skip_if_case_needs_cuda(failure)
-            raise StageFailed(stage, CASE_FAILED_PREFIX + _describe_child_failure(stage, failure), phase, case_failed=True) from None
+            self._raise_case_failure(failure, phase)
+
+    def _baseline_call(self, baseline: Child, cmd: str, phase: str, **fields: Any) -> tuple[dict, Any]:
+        """The baseline's child failing is the case's fault too."""
+        try:
+            return baseline.call(cmd, phase, **fields)
+        except ChildFailure as failure:
+            self._raise_case_failure(failure, phase)
+
+    def _raise_case_failure(self, failure: ChildFailure, phase: str) -> NoReturn:
+        stage = "timing" if phase in ("baseline", "verify") else "correctness"
+        if failure.kind == "outage":
+            raise ServiceUnavailable(stage, failure.message) from None
+        self._skip_if_case_needs_cuda(failure)
+        raise StageFailed(stage, CASE_FAILED_PREFIX + _describe_child_failure(stage, failure), phase, case_failed=True) from None
 
     def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
-        import torch
-
-        poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
-        header, payload = self._stage(
-            "correctness",
-            lambda: candidate.call("run", "correctness", payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device,
-                                   poison_bytes=poison, written_inputs=list(ref.written_inputs)),
-        )
+        header, payload = self._stage("correctness", lambda: candidate.call("run", "correctness", **correctness_run(spec, ref, device)))
         outputs = payload["outputs"]
         written = payload.get("written")
         if not _well_formed_written(written, outputs, len(ref.written_inputs)):
@@ -461,8 +489,14 @@ class LocalExecutor:
         if problems:
             raise StageFailed("correctness", _one_screen(problems), "correctness")
 
-    def _time(self, spec: ItemSpec, candidate: Child, trusted: Callable[[], Child], device: str, cpu: int | None,
-              tol: correctness.Tolerance, result: ItemResult, written_inputs: tuple[int, ...] = ()) -> None:
+    def _time(self, spec: ItemSpec, candidate: Child, baseline: Child | StageFailed | None, trusted: Callable[[], Child],
+              ref: ReferenceData, device: str, cpu: int | None, tol: correctness.Tolerance, result: ItemResult) -> None:
+        if isinstance(baseline, StageFailed):
+            raise baseline
+        assert baseline is not None, "timing needs the baseline's child (None only in --kcoral-mode correctness)"
+        written_inputs = ref.written_inputs
+        # the baseline's child goes the candidate's way first: the correctness stage's run, as sent to the candidate
+        self._baseline_call(baseline, "run", "baseline", **correctness_run(spec, ref, device))
         budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
         rounds = self.timing_rounds
         common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
@@ -473,23 +507,20 @@ class LocalExecutor:
         # candidate keeps timed outputs in every round; which of them are checked against the
         # reference is drawn here, from the session seed, so no round is safe to cheat in.
         keep = max(1, VERIFIED_TIMED_CALLS // rounds)
+        # Both sides run one harness with one set of fields: the baseline's child keeps timed
+        # outputs as the candidate's does, then drops them, since keeping them allocates between
+        # timed calls and a small kernel's time follows where its outputs land.
+        timed_alike = dict(common, verify=keep, written_inputs=list(written_inputs))
         base_rounds: list[TimingStats] = []
         cand_rounds: list[TimingStats] = []
         verify: list[dict] = []
-        floor: dict | None = None
-        cost: dict | None = None
 
         def time_baseline(r: int) -> None:
-            nonlocal floor, cost
-            # the case's cost and the physical floor (a bandwidth measurement) once, in the first round
-            header, _ = self._trusted_call(trusted, "time_baseline", "baseline", verify=0, warmup_s=_warmup_s(r), floor=r == 0, **common)
+            header, _ = self._baseline_call(baseline, "time", "baseline", warmup_s=_warmup_s(r), send_kept=False, **timed_alike)
             base_rounds.append(TimingStats.from_dict(header["stats"]))
-            floor = header.get("floor") or floor
-            cost = header.get("cost") or cost
 
         def time_candidate(r: int) -> None:
-            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", verify=keep, warmup_s=_warmup_s(r),
-                                                                           written_inputs=list(written_inputs), **common))
+            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", warmup_s=_warmup_s(r), **timed_alike))
             impossible = implausible_stats(header["stats"], candidate.last_call_s)
             if impossible:
                 raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing",
@@ -505,6 +536,9 @@ class LocalExecutor:
             first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
             first(r)
             second(r)
+        # the case's cost and the physical floor (a bandwidth measurement), after the rounds
+        header, _ = self._trusted_call(trusted, "cost", "baseline", shape=spec.shape.params, device=device)
+        floor, cost = header.get("floor"), header.get("cost")
         try:
             baseline_stats = timing.combine_rounds(base_rounds)
         except ValueError as exc:
@@ -581,6 +615,16 @@ class LocalExecutor:
         if problems:
             raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify",
                               disqualifies=True)
+
+
+def correctness_run(spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str, Any]:
+    """The correctness stage's ``run`` command (payload and fields): the candidate's child gets it,
+    and the baseline's child the same before it is timed."""
+    import torch
+
+    poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
+    return dict(payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device, poison_bytes=poison,
+                written_inputs=list(ref.written_inputs))
 
 
 def implausible_stats(stats: dict[str, Any] | None, parent_wall_s: float) -> str | None:

@@ -162,9 +162,12 @@ class RemoteExecutor(LocalExecutor):
         result.correct = True
         if self.settings.mode != "correctness":
             with timed_phase(result, "timing"):
+                baseline = self._baseline_program(spec, ref, device)
+                self._baseline_call(baseline, "start", "baseline")
+                self._baseline_call(baseline, "load_baseline", "baseline")
                 # no timing core: a core of this host means nothing on the server, and the
                 # candidate's program is built without one, so neither side is pinned
-                self._time(spec, candidate, trusted, device, None, tol, result, ref.written_inputs)
+                self._time(spec, candidate, baseline, trusted, ref, device, None, tol, result)
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
 
     def _stage(self, stage: str, fn: Any) -> Any:
@@ -190,25 +193,32 @@ class RemoteExecutor(LocalExecutor):
         return True
 
     def _candidate_program(self, spec: ItemSpec, ref: Any, device: str) -> ReplayedChild:
-        import torch
-
-        shape = spec.shape.params
-        poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
         load, files = _candidate_upload(spec)
-        commands: list[tuple[str, str, dict[str, Any], Any]] = [
-            load,
-            ("run", "correctness", {"shape": shape, "device": device, "poison_bytes": poison, "written_inputs": list(ref.written_inputs)},
-             {"inputs": ref.inputs}),
-        ]
-        if self.settings.mode != "correctness":
-            from pytest_kcoral.pipeline import TIMING_INPUT_SETS, VERIFIED_TIMED_CALLS
-
-            budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
-            commands.append(("time", "timing", dict(shape=shape, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget,
-                                                    timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS,
-                                                    written_inputs=list(ref.written_inputs)), None))
+        commands = self._side_commands(spec, ref, device, load, ("correctness", "timing"))
         commands.append(("finish", "finish", {}, None))
         return self.execute("candidate", spec.case, commands, files)
+
+    def _baseline_program(self, spec: ItemSpec, ref: Any, device: str) -> ReplayedChild:
+        """The baseline's timing: a program that goes the candidate's program's way, with the
+        baseline in the candidate's place (``LocalExecutor._baseline_child`` says why)."""
+        load = ("load_baseline", "baseline", {"shape": spec.shape.params}, None)
+        return self.execute("baseline", spec.case, self._side_commands(spec, ref, device, load, ("baseline", "baseline"), send_kept=False))
+
+    def _side_commands(self, spec: ItemSpec, ref: Any, device: str, load: tuple[str, str, dict[str, Any], Any],
+                       phases: tuple[str, str], **time_fields: Any) -> list[tuple[str, str, dict[str, Any], Any]]:
+        """One side's load, correctness run and (unless ``--kcoral-mode correctness``) timing: a
+        program's commands are fixed before it is sent, so both sides' are built here alike."""
+        from pytest_kcoral.pipeline import TIMING_INPUT_SETS, VERIFIED_TIMED_CALLS, correctness_run
+
+        run = correctness_run(spec, ref, device)
+        payload = run.pop("payload")
+        commands: list[tuple[str, str, dict[str, Any], Any]] = [load, ("run", phases[0], run, payload)]
+        if self.settings.mode != "correctness":
+            budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
+            commands.append(("time", phases[1], dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget,
+                                                     timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS,
+                                                     written_inputs=list(ref.written_inputs), **time_fields), None))
+        return commands
 
     # -- programs ----------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ def start(role: str, case_spec: dict[str, Any], env: dict[str, str], budget_s: f
                 spec[key] = os.path.join(workdir, spec[key])
         # files a candidate writes into the workspace cannot shadow a module imported later
         sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
-        if role == child.CANDIDATE:
+        if role in (child.CANDIDATE, child.BASELINE):
             child._keep_large_allocations_on_heap()
         _runner = child._Runner(role, spec)
     except BaseException as exc:  # noqa: BLE001 - the client must hear why startup failed

@@ -227,9 +227,10 @@ def test_template_starts_while_cases_are_collected(make_case, pytester):
     collected.stdout.fnmatch_lines(["*TEMPLATE AT COLLECTION: none*"])
 
 
-def test_trusted_child_never_loads_compiled_code_from_a_shared_cache(make_case, run_kcoral, pytester):
+def test_trusted_and_baseline_children_never_load_compiled_code_from_a_shared_cache(make_case, run_kcoral, pytester):
     # A candidate can write to the compile caches (Triton's, Inductor's, extension builds): the
-    # trusted child must compile the baseline itself, in directories of its own.
+    # trusted child and the child that times the baseline must compile the case's kernels
+    # themselves, in directories of their own.
     log = pytester.path / "env.jsonl"
     logger = f"""
 def _log(role):
@@ -250,14 +251,19 @@ def make_inputs(shape, device):
 def reference(a, b):
     _log("trusted")
     return a + b
+
+def baseline(a, b):
+    _log("baseline")
+    return a + b
 """
     cand = f"{logger}\ndef run(a, b):\n    _log('candidate')\n    return a + b\n"
     make_case("cases/add", case, {"c": cand})
-    run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=1)
+    run_kcoral().assert_outcomes(passed=1)
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    trusted = [r for r in records if r["role"] == "trusted"]
+    # the baseline runs in the trusted child (its correctness) and in the child that times it
+    trusted = [r for r in records if r["role"] in ("trusted", "baseline")]
     candidate = [r for r in records if r["role"] == "candidate"]
-    assert trusted and candidate
+    assert candidate and any(os.path.basename(r["cwd"]).startswith("kcoral-baseline-") for r in trusted)
     for r in trusted:
         assert r["env"]["TRITON_ALWAYS_COMPILE"] == "1"
         assert r["inductor_caches_off"] is True

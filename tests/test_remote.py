@@ -153,8 +153,9 @@ def test_remote_passing_candidate_runs_every_stage_on_the_server(make_case, run_
     assert item["timer"] == "wall" and item["speedup"] is not None
     remote = item["extra"]["remote"]
     assert remote["url"] == kcoral_url and remote["gpu_count"] == 0
-    # the reference, the candidate, the baseline's timing and the timed outputs' reference
-    assert [p["role"] for p in remote["programs"]] == ["trusted", "candidate", "trusted", "trusted"]
+    # the reference, the candidate, the baseline's timing (the candidate's way), the case's cost and
+    # the timed outputs' reference
+    assert [p["role"] for p in remote["programs"]] == ["trusted", "candidate", "baseline", "trusted", "trusted"]
     assert all(p["status"] == "COMPLETED" for p in remote["programs"])
     # the server owns the leases: what it reports is what the item says (a CPU server holds none)
     assert item["lease_wait_ms"] == 0.0 and item["lease_held_ms"] == 0.0

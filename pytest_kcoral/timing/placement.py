@@ -20,7 +20,10 @@ import random
 from typing import Any, Callable
 
 SMALL_SET_BYTES = 4 << 20  # a set up to this size gets the placements below
-SMALL_SET_COUNT = 16  # input sets for a small set: each a placement of its own
+# Input sets for a small set, each a placement of its own. A process's median is a median over the
+# placements it drew, so the count sets how far two processes' medians lie apart: with 16, 24 of 30
+# self-speedups of 1-10 us kernels came within 2%; with 64, 28 of 30 (H200, docs/performance.md).
+SMALL_SET_COUNT = 64
 _PAD_QUANTUM = 512  # the CUDA caching allocator's rounding
 _MAX_PAD_QUANTA = 2048  # pads up to 1 MiB stay in the allocator's small pool, where small inputs go
 
