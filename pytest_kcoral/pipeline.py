@@ -3,8 +3,9 @@
 ``LocalExecutor`` runs them in child processes on this host: the candidate in a fresh child of
 its own; the reference, the baseline's correctness and the case's cost in a trusted child that
 never imports a candidate; the baseline's timing in a fresh child that goes the candidate's way
-and never imports a candidate either. The GPU stages run under the device lease; compile does not. Where an item's work executes is behind
-the ``Executor`` interface, so a remote executor (a KCoral service) can take its place.
+and never imports a candidate either. The GPU stages run under the device lease; compile does
+not. Where an item's work executes is behind the ``Executor`` interface, so a remote executor (a
+KCoral service) can take its place.
 """
 
 from __future__ import annotations
