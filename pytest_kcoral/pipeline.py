@@ -229,13 +229,15 @@ class LocalExecutor:
             try:
                 with timed_phase(result, "compile"):
                     candidate = self._candidate_child(spec, stack, deadline)
+                    # Started before the lease, as the candidate's child is, and before any candidate
+                    # code runs: it reads the case's files at start, so a candidate that rewrites them
+                    # (no --kcoral-sandbox) cannot reach the baseline it is timed against.
+                    baseline = self._baseline_child(spec, stack, deadline) if self.settings.mode != "correctness" else None
                     self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             except StageFailed:
                 self._record_baseline_only(spec, result, tol)
                 raise
             result.compiled = True
-            # started before the lease, as the candidate's child is: process starts stay off the device's time
-            baseline = self._baseline_child(spec, stack, deadline) if self.settings.mode != "correctness" else None
 
             lease = stack.enter_context(self._lease(spec, result))
             # --kcoral-timeout bounds the item's own work; waiting for the device is bounded by
@@ -284,7 +286,7 @@ class LocalExecutor:
     def _baseline_child(self, spec: ItemSpec, stack: contextlib.ExitStack, deadline: float) -> Child | StageFailed:
         """The fresh child that times the baseline, holding the baseline as a candidate's child
         holds the candidate (``load_baseline``), or the case's failure to raise when timing starts
-        (the candidate's correctness comes first).
+        (the candidate's compile and correctness come first).
 
         Not the trusted child: the same code timed in the trusted child and in a fresh child that
         went the candidate's way read 5% apart on an H200 (a 32x256 layer norm, 2.9 us against

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from kernels import triton_add
 
+from pytest_kcoral.results import CASE_FAILED_PREFIX
+
 GOOD = "def run(a, b):\n    return a + b\n"
 
 TRITON_COMPILE_ERROR = """
@@ -226,6 +228,33 @@ def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral,
     assert item["correct"] is True and item["baseline_correct"] is False
 
 
+RAISING_BASELINE = """
+import torch
+SEEN = [{"n": 64}]
+UNSEEN = []
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+
+def baseline(a, b):
+    raise ValueError("no baseline today")
+"""
+
+
+def test_a_baseline_that_raises_fails_the_timing_as_the_cases_fault(make_case, run_kcoral, pytester):
+    """The baseline's child (``LocalExecutor._baseline_child``) runs it before timing it: an error
+    there is the case's, said as such, and the candidate keeps its correctness."""
+    make_case("cases/add", RAISING_BASELINE, {"good": GOOD})
+    run_kcoral("--kcoral-json", "out.json").assert_outcomes(failed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["stage"] == "timing" and item["phase"] == "baseline" and item["case_failed"] is True
+    assert item["message"].startswith(CASE_FAILED_PREFIX) and "ValueError: no baseline today" in item["message"], item["message"]
+    assert item["correct"] is True and item["baseline_correct"] is False  # its check in the trusted child found it
+
+
 def test_a_case_whose_baseline_is_its_reference_stays_out_of_the_quadrants(make_case, run_kcoral, pytester):
     make_case("cases/add", candidates={"good": GOOD})  # no baseline: the reference is timed
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=2)
@@ -371,6 +400,28 @@ def test_the_baseline_is_timed_in_a_fresh_child_that_went_the_candidates_way(mak
         return sorted(next(x for _, _, pid, x in calls if pid == p) for p in pids)
 
     assert first_inputs(timing) == first_inputs(candidates)
+
+
+def test_a_candidate_that_rewrites_the_case_at_import_does_not_reach_the_timed_baseline(make_case, run_kcoral, pytester):
+    """Without --kcoral-sandbox a candidate can write into the case tree. The baseline's child
+    reads the case before the candidate's code runs, so the baseline it is timed against is the
+    case's as collected."""
+    log = pytester.path / "calls.log"
+    folder = make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))))
+    rewriter = f"""
+import pathlib
+_case = pathlib.Path({str(folder / "case.py")!r})
+_case.write_text(_case.read_text().replace('log("B", a)', 'log("X", a)'))
+""" + LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))
+    (folder / "candidates" / "good.py").unlink()
+    (folder / "candidates" / "rewriter.py").write_text(rewriter)
+    run_kcoral().assert_outcomes(passed=1)
+    calls = _logged_calls(log)
+    trusted = {pid for _, who, pid, _ in calls if who == "R"}
+    candidate = {pid for _, who, pid, _ in calls if who == "C"}
+    timing = {pid for _, who, pid, _ in calls if who in ("B", "X")} - trusted - candidate
+    assert len(timing) == 1
+    assert {who for _, who, pid, _ in calls if pid in timing} == {"B"}
 
 
 RELU_CASE = """
