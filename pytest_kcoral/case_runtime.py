@@ -129,15 +129,15 @@ def _import_candidate(path: Path) -> ModuleType:
 
 class BaselineRuntime:
     """The case's baseline in the form of a loaded candidate (``bind``), for the child that times
-    it the way a candidate's child times the candidate (``child._cmd_load_baseline``)."""
+    it the way a candidate's child times the candidate (``child._cmd_load_baseline``). Nothing is
+    built at load (a KernelBench ``Model`` is built at its first ``bind``): the trusted child has
+    run the same code as the reference by then, so a case that hangs or fails there is told as
+    the case's, not as the candidate's compile."""
 
     entry = "baseline"
 
-    def __init__(self, case: CaseRuntime, shape: dict[str, Any]) -> None:
+    def __init__(self, case: CaseRuntime) -> None:
         self.case = case
-        if case.format == KERNELBENCH:
-            # built at load, as a candidate's ModelNew is
-            case.bind_model(case.module.Model, shape, ())
 
     def bind(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
         return self.case.bind_baseline(shape, args)

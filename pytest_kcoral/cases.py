@@ -15,7 +15,7 @@ import json
 import math
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,6 +61,8 @@ class Case:
     has_baseline: bool = False  # a baseline other than the reference
     baseline_file: Path | None = None  # a baseline.py beside the case (native and KCoral bench folders)
     content_hash: str = ""
+    # the case's own files as collected (``file_digests``): a child imports them only unchanged
+    file_digests: dict[str, bytes] = field(default_factory=dict)
     # what is wrong with cost(shape), per shape: those shapes get no speed-of-light figures or floor
     cost_problems: tuple[str, ...] = ()
 
@@ -144,11 +146,26 @@ def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
 def content_hash(folder: Path) -> str:
     """Hash of the case's own files (not its candidates): keys cached reference results."""
     h = hashlib.sha256()
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and path.suffix in (".py", ".json"):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
+    for name, digest in file_digests(folder).items():
+        h.update(name.encode())
+        h.update(digest)
     return h.hexdigest()[:16]
+
+
+def file_digests(folder: Path) -> dict[str, bytes]:
+    """The case's own files (``.py`` and ``.json`` beside ``case.py``), by name, sorted."""
+    return {path.name: hashlib.sha256(path.read_bytes()).digest()
+            for path in sorted(folder.iterdir()) if path.is_file() and path.suffix in (".py", ".json")}
+
+
+def changed_case_files(case: Case) -> list[str]:
+    """The case's files that differ from what was collected: changed, added or removed."""
+    try:
+        now = file_digests(case.folder)
+    except OSError as exc:
+        return [f"{case.folder} ({exc.strerror or exc})"]
+    then = case.file_digests
+    return sorted(name for name in then.keys() | now.keys() if then.get(name) != now.get(name))
 
 
 def shape_id_of(params: dict[str, Any], explicit: Any = None) -> str:
@@ -246,6 +263,7 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
         has_baseline=baseline is not None or baseline_file.is_file(),
         baseline_file=baseline_file if baseline is None and baseline_file.is_file() else None,
         content_hash=content_hash(folder),
+        file_digests=file_digests(folder),
         cost_problems=cost_problems,
     )
 
@@ -292,6 +310,7 @@ def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType
         atol=_tolerance(path, module, "ATOL"),
         rtol=_tolerance(path, module, "RTOL"),
         content_hash=content_hash(folder),
+        file_digests=file_digests(folder),
     )
 
 
@@ -341,4 +360,5 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         has_baseline=baseline is not None or baseline_file.is_file(),
         baseline_file=baseline_file if baseline is None and baseline_file.is_file() else None,
         content_hash=content_hash(folder),
+        file_digests=file_digests(folder),
     )

@@ -255,14 +255,16 @@ class _Runner:
             ref, structure = flatten_outputs(self.case.reference(shape, ref_args))
             _require_plain_outputs(ref, "reference")
             # an INPLACE input the reference writes is a result (``x.add_(y)``), not scratch
-            written.update(j for j, _ in correctness.changed_inputs(args, ref_args) if j in inplace)
+            wrote = [j for j, _ in correctness.changed_inputs(args, ref_args) if j in inplace]
+            written.update(wrote)
             after_calls.append(dict(zip(kept_inputs, _to_cpu(tuple(ref_args[j] for j in kept_inputs)))))
             if tol is not None:
                 if t == 0:  # no candidate can match a reference that answers one input two ways
                     unsteady = correctness.compare_outputs(_leaves(self.case.reference(shape, _clone(args))), ref, tol)
                 weak = weak or correctness.is_weak_reference(ref, tol)
                 if header.get("baseline"):
-                    baseline_problems += [f"trial {t + 1}: {p}" for p in self._baseline_problems(shape, args, ref, tol)]
+                    problems = self._baseline_problems(shape, args, ref, tuple(ref_args[j] for j in wrote), wrote, inplace, tol)
+                    baseline_problems += [f"trial {t + 1}: {p}" for p in problems]
             refs.append(_to_cpu(ref))
             inputs.append(_to_cpu(args))
         # in every trial, once one trial wrote it
@@ -272,14 +274,22 @@ class _Runner:
         return reply, {"inputs": inputs, "reference": refs,
                        "written": [tuple(after[j] for j in written_inputs) for after in after_calls]}
 
-    def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, tol: Any) -> list[str]:
+    def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, ref_written: tuple, wrote: list[int], inplace: set[int],
+                           tol: Any) -> list[str]:
+        """The baseline against the reference, as a candidate is held to it: its outputs, the
+        INPLACE inputs the reference wrote (``wrote``, as ``ref_written``), and no input outside
+        ``inplace`` changed."""
         from pytest_kcoral import correctness
 
+        base_args = _clone(args)
         try:
-            base = _leaves(self.case.baseline(shape, _clone(args)))
+            base = _leaves(self.case.baseline(shape, base_args))
         except Exception as exc:  # a failing baseline is a finding, not a harness error
             return [f"{type(exc).__name__}: {exc}"[:500]]
-        return correctness.compare_outputs(base, ref, tol)
+        problems = correctness.compare_outputs(base, ref, tol)
+        problems += correctness.compare_outputs(tuple(base_args[j] for j in wrote), ref_written, tol, correctness.written_input_names(wrote))
+        problems += correctness.describe_changed_inputs(correctness.changed_inputs(args, base_args), sorted(inplace))
+        return problems
 
     def _cmd_cost(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         """The case's cost at the shape and the physical floor its bytes allow (a bandwidth
@@ -306,7 +316,7 @@ class _Runner:
 
         self.baseline = leftovers.Baseline.take()
         self.snapshot = tamper.Snapshot.take()
-        self.candidate = BaselineRuntime(self.case, header["shape"])
+        self.candidate = BaselineRuntime(self.case)
         return {"entry": self.candidate.entry}, None
 
     # -- candidate role ---------------------------------------------------------------------

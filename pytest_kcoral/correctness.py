@@ -230,6 +230,11 @@ def changed_inputs(before: Sequence[Any], after: Sequence[Any]) -> list[list[Any
     return changes
 
 
+def written_input_names(indices: Sequence[int]) -> list[str]:
+    """How messages name the INPLACE inputs a reference writes."""
+    return [f"input {j} (written in place by the reference)" for j in indices]
+
+
 def describe_changed_inputs(changes: Sequence[Sequence[Any]], inplace: Sequence[int]) -> list[str]:
     """Inputs must stay bit for bit unchanged unless the case lists them in INPLACE."""
     problems = []

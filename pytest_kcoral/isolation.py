@@ -308,7 +308,8 @@ class Child:
             error = header.get("error") or {}
             message = f"{error.get('type', 'Error')}: {error.get('message', '')}"
             if error.get("detected"):  # the child's own audit: the message names what it found
-                message = f"detected after the candidate ran in phase '{self.phase}': {error.get('message', '')}"
+                ran = "the baseline" if self.role == "baseline" else "the candidate"
+                message = f"detected after {ran} ran in phase '{self.phase}': {error.get('message', '')}"
             raise ChildFailure("error", self.phase, message, self.output(), error)
         return header, payload
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
 
 from pytest_kcoral import correctness, cpu_share, isolation, speed_of_light, static_report, timing
 from pytest_kcoral.candidates import Candidate
-from pytest_kcoral.cases import KERNELBENCH, Case, Shape
+from pytest_kcoral.cases import KERNELBENCH, Case, Shape, changed_case_files
 from pytest_kcoral.child import BASELINE as BASELINE_ROLE
 from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.devices import DeviceSpec
@@ -31,11 +31,13 @@ from pytest_kcoral.timing import pinning
 
 # Timed-call samples kept for checking against the reference.
 VERIFIED_TIMED_CALLS = 2
+BASELINE_PROBLEMS_KEPT = 5  # lines of why a baseline is wrong, per item in the JSON
 TIMING_INPUT_SETS = 3
 TIMING_ROUNDS = 4  # per side, interleaved: see LocalExecutor._time
 _WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
 
-# Trusted children kept alive per worker (one per case, least recently used closed first).
+# Trusted children, and baseline children, kept alive per worker (one per case each, least
+# recently used closed first).
 MAX_TRUSTED_CHILDREN = 4
 
 
@@ -118,10 +120,12 @@ class ReferenceData:
     written_inputs: tuple[int, ...] = ()
     written: list[tuple] = field(default_factory=list)
 
-
-def written_input_names(indices: tuple[int, ...]) -> list[str]:
-    """How messages name the INPLACE inputs a reference writes."""
-    return [f"input {j} (written in place by the reference)" for j in indices]
+    def record_into(self, result: ItemResult) -> None:
+        """What the reference's side found, known before the candidate runs, into the item."""
+        result.baseline_correct = self.baseline_correct
+        result.weak_reference = self.weak
+        if self.baseline_problems:  # why the baseline is wrong here (``baseline_correct`` false)
+            result.extra["baseline_problems"] = self.baseline_problems[:BASELINE_PROBLEMS_KEPT]
 
 
 def derive_seed(session_seed: int, *parts: Any) -> int:
@@ -143,6 +147,7 @@ class LocalExecutor:
         self.device_kind = device_kind  # "cpu" or "cuda": decides the child environment
         self._references: dict[tuple, ReferenceData] = {}
         self._trusted: dict[tuple[str, str], Child] = {}
+        self._baselines: dict[tuple[str, str], Child] = {}  # see ``_baseline_child``
         # --kcoral-ncu / --kcoral-sanitizer (SPEC section 8); the plugin checked the tools exist
         self.diagnostics = Diagnostics.from_settings(settings, self._child_env())
 
@@ -229,10 +234,8 @@ class LocalExecutor:
             try:
                 with timed_phase(result, "compile"):
                     candidate = self._candidate_child(spec, stack, deadline)
-                    # Started before the lease, as the candidate's child is, and before any candidate
-                    # code runs: it reads the case's files at start, so a candidate that rewrites them
-                    # (no --kcoral-sandbox) cannot reach the baseline it is timed against.
-                    baseline = self._baseline_child(spec, stack, deadline) if self.settings.mode != "correctness" else None
+                    # before any candidate code of the item runs: see ``_baseline_child``
+                    baseline = self._baseline_child(spec.case, deadline) if self.settings.mode != "correctness" else None
                     self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             except StageFailed:
                 self._record_baseline_only(spec, result, tol)
@@ -249,7 +252,6 @@ class LocalExecutor:
             stack.callback(candidate.close)
             if isinstance(baseline, Child):
                 baseline.deadline = deadline
-                stack.callback(baseline.close)
             device = result.device or "cpu"
 
             def trusted() -> Child:
@@ -257,8 +259,7 @@ class LocalExecutor:
 
             with timed_phase(result, "reference"):
                 ref = self._reference_data(spec, device, trusted, tol)
-            result.baseline_correct = ref.baseline_correct
-            result.weak_reference = ref.weak
+            ref.record_into(result)
             with timed_phase(result, "correctness"):
                 self._check_correctness(spec, candidate, ref, device, tol, result)
             if self.diagnostics and self.diagnostics.sanitizer:
@@ -277,29 +278,57 @@ class LocalExecutor:
         """The candidate's fresh child, started and holding the case. Nothing of the candidate has
         run yet (``load_candidate`` comes next): a failure here is the case's (one that crashes or
         hangs at import in a child only), and the message says so."""
+        self._require_case_as_collected(spec.case, "compile", "startup")
         try:
             return stack.enter_context(Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox))
         except ChildFailure as failure:
             self._skip_if_case_needs_cuda(failure)
             raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase, case_failed=True) from None
 
-    def _baseline_child(self, spec: ItemSpec, stack: contextlib.ExitStack, deadline: float) -> Child | StageFailed:
-        """The fresh child that times the baseline, holding the baseline as a candidate's child
-        holds the candidate (``load_baseline``), or the case's failure to raise when timing starts
-        (the candidate's compile and correctness come first).
+    def _baseline_child(self, case: Case, deadline: float) -> Child | StageFailed:
+        """The case's baseline child, which times the baseline the way a candidate's child times
+        the candidate: it holds the baseline in the candidate's place (``load_baseline``) and gets,
+        per item, the correctness stage's ``run`` the candidate got, then the same ``time``
+        commands. Or the case's failure, raised when timing starts (the candidate's compile and
+        correctness come first).
 
         Not the trusted child: the same code timed in the trusted child and in a fresh child that
         went the candidate's way read 5% apart on an H200 (a 32x256 layer norm, 2.9 us against
-        2.75 us, on every run and host; docs/performance.md). The sides of a speedup are timed in
-        processes with the same history, so such a difference cannot pass for a speedup."""
-        try:
-            child = stack.enter_context(Child(BASELINE_ROLE, self._case_spec(spec.case), self._child_env(), deadline,
-                                              f"baseline:{spec.case.case_id}", self.sandbox))
-            child.call("load_baseline", "baseline", shape=spec.shape.params)
-            return child
-        except ChildFailure as failure:
-            self._skip_if_case_needs_cuda(failure)
-            return StageFailed("timing", CASE_FAILED_PREFIX + _describe_child_failure("timing", failure), failure.phase, case_failed=True)
+        2.75 us, on every run and host; docs/performance.md). Kept across the case's items, as
+        the trusted child is, so a baseline that compiles (``torch.compile``, Triton) compiles
+        once per worker, not under the lease of every item. Started before the first item's
+        candidate code runs, and only from the case's files as collected
+        (``_require_case_as_collected``), so a candidate that rewrites them (no
+        ``--kcoral-sandbox``) cannot reach the baseline it is timed against."""
+        key = (case.case_id, case.content_hash)
+        child = self._baselines.pop(key, None)
+        if child is None or child.process.exitcode is not None:
+            child = None
+            try:
+                self._require_case_as_collected(case, "timing", "baseline")
+                child = Child(BASELINE_ROLE, self._case_spec(case), self._child_env(), deadline, f"baseline:{case.case_id}", self.sandbox)
+                child.call("load_baseline", "baseline")
+            except StageFailed as failure:
+                return failure
+            except ChildFailure as failure:
+                if child is not None:
+                    child.close()
+                self._skip_if_case_needs_cuda(failure)
+                return StageFailed("timing", CASE_FAILED_PREFIX + _describe_child_failure("timing", failure), failure.phase, case_failed=True)
+        child.deadline = deadline
+        self._baselines[key] = child  # most recently used last
+        while len(self._baselines) > MAX_TRUSTED_CHILDREN:
+            self._baselines.pop(next(iter(self._baselines))).close()
+        return child
+
+    def _require_case_as_collected(self, case: Case, stage: str, phase: str) -> None:
+        """Before a child imports the case: its files as they were at collection, or the case's
+        failure. Without ``--kcoral-sandbox`` a candidate can write into the case tree; a child
+        started later (the next item's, a trusted child restarted) would run what it wrote."""
+        changed = changed_case_files(case)
+        if changed:
+            raise StageFailed(stage, CASE_FAILED_PREFIX + f"its files changed after collection ({', '.join(changed)}): a candidate may have"
+                              " written them; --kcoral-sandbox keeps the case tree read-only", phase, case_failed=True)
 
     def _diagnose(self, spec: ItemSpec, ref: ReferenceData, device: str, result: ItemResult, tool: str,
                   candidate: Child, deadline: float) -> float:
@@ -331,8 +360,7 @@ class LocalExecutor:
                 ref = self._reference_data(spec, result.device or "cpu", lambda: self._trusted_child(spec.case, deadline), tol)
         except (StageFailed, ItemSkipped, ChildFailure):
             return  # the compile failure stays the item's verdict
-        result.baseline_correct = ref.baseline_correct
-        result.weak_reference = ref.weak
+        ref.record_into(result)
 
     def _stage(self, stage: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -413,6 +441,7 @@ class LocalExecutor:
         key = (case.case_id, case.content_hash)
         child = self._trusted.pop(key, None)
         if child is None or child.process.exitcode is not None:
+            self._require_case_as_collected(case, "correctness", "reference")
             child = Child("trusted", self._case_spec(case), self._child_env(), deadline, f"reference:{case.case_id}", self.sandbox)
         child.deadline = deadline
         self._trusted[key] = child  # most recently used last
@@ -421,9 +450,10 @@ class LocalExecutor:
         return child
 
     def close(self) -> None:
-        """End the trusted children (the session is over)."""
-        while self._trusted:
-            self._trusted.popitem()[1].close()
+        """End the trusted and baseline children (the session is over)."""
+        for kept in (self._trusted, self._baselines):
+            while kept:
+                kept.popitem()[1].close()
 
     def _trusted_call(self, trusted: Callable[[], Child], cmd: str, phase: str, **fields: Any) -> tuple[dict, Any]:
         """A trusted child failing is the case's fault, not the candidate's: say so."""
@@ -432,12 +462,8 @@ class LocalExecutor:
             child = trusted()  # starting it can fail too (a case that crashes or hangs at import)
             return child.call(cmd, phase, **fields)
         except ChildFailure as failure:
-            # never reuse a child that failed: it may be dead, hung or in a bad state
             if child is not None:
-                for key, kept in list(self._trusted.items()):
-                    if kept is child:
-                        del self._trusted[key]
-                child.close()
+                self._forget(child)
             self._raise_case_failure(failure, phase)
 
     def _baseline_call(self, baseline: Child, cmd: str, phase: str, **fields: Any) -> tuple[dict, Any]:
@@ -445,7 +471,16 @@ class LocalExecutor:
         try:
             return baseline.call(cmd, phase, **fields)
         except ChildFailure as failure:
+            self._forget(baseline)
             self._raise_case_failure(failure, phase)
+
+    def _forget(self, child: Any) -> None:
+        """Never reuse a kept child that failed: it may be dead, hung or in a bad state."""
+        for kept in (self._trusted, self._baselines):
+            for key, value in list(kept.items()):
+                if value is child:
+                    del kept[key]
+        child.close()
 
     def _raise_case_failure(self, failure: ChildFailure, phase: str) -> NoReturn:
         stage = "timing" if phase in ("baseline", "verify") else "correctness"
@@ -473,7 +508,7 @@ class LocalExecutor:
                 trial += correctness.compare_structure(structures[t], ref.structure)
             if not trial:
                 trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
-                trial += correctness.compare_outputs(written[t], ref.written[t], tol, written_input_names(ref.written_inputs))
+                trial += correctness.compare_outputs(written[t], ref.written[t], tol, correctness.written_input_names(ref.written_inputs))
             trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
         if spec.case.format == KERNELBENCH and _mostly_wrong(problems, len(ref.inputs)):
@@ -608,7 +643,7 @@ class LocalExecutor:
         seeds = [v["seed"] for v in verify]
         _, payload = self._trusted_call(trusted, "reference", "verify", shape=spec.shape.params, seeds=seeds, device=device,
                                         baseline=False, written_inputs=list(written_inputs))
-        names = written_input_names(written_inputs)
+        names = correctness.written_input_names(written_inputs)
         problems = []
         for n, (entry, expected, expected_written) in enumerate(zip(verify, payload["reference"], payload["written"])):
             found = correctness.compare_outputs(entry["outputs"], expected, tol)

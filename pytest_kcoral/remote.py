@@ -8,8 +8,9 @@ is reported with the instruction, and so the phase, it died in.
 
 Per item: a *trusted* program makes the inputs and runs the reference (cached, as locally); one
 *candidate* program imports the candidate and runs correctness, timing and the last audit; in
-full mode, trusted programs time the baseline and recompute the reference for the timed outputs
-the candidate sent back. The candidate never shares a process with the reference or the baseline.
+full mode, a *baseline* program goes the candidate program's way with the baseline and times it,
+and trusted programs give the case's cost and recompute the reference for the timed outputs the
+candidate sent back. The candidate never shares a process with the reference or the baseline.
 Replies are compared in the pytest process by the same code as local runs (``correctness.py``,
 ``pipeline.LocalExecutor``), so the messages, the JSON and the scores are the same.
 
@@ -149,8 +150,7 @@ class RemoteExecutor(LocalExecutor):
                     result.compiled = self._compiles(spec)
                 raise
         # known before the candidate runs, so a compile failure still counts in the quadrants
-        result.baseline_correct = ref.baseline_correct
-        result.weak_reference = ref.weak
+        ref.record_into(result)
         # the candidate's whole program runs here; the phases below only replay its replies
         with timed_phase(result, "compile"):
             candidate = self._candidate_program(spec, ref, device)
@@ -201,7 +201,7 @@ class RemoteExecutor(LocalExecutor):
     def _baseline_program(self, spec: ItemSpec, ref: Any, device: str) -> ReplayedChild:
         """The baseline's timing: a program that goes the candidate's program's way, with the
         baseline in the candidate's place (``LocalExecutor._baseline_child`` says why)."""
-        load = ("load_baseline", "baseline", {"shape": spec.shape.params}, None)
+        load = ("load_baseline", "baseline", {}, None)
         return self.execute("baseline", spec.case, self._side_commands(spec, ref, device, load, ("baseline", "baseline"), send_kept=False))
 
     def _side_commands(self, spec: ItemSpec, ref: Any, device: str, load: tuple[str, str, dict[str, Any], Any],

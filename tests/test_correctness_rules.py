@@ -95,6 +95,24 @@ def test_an_input_the_reference_writes_in_place_is_compared_as_its_result(make_c
                                      " * of 256 elements (*%) outside atol*"])
 
 
+@pytest.mark.parametrize(("baseline", "correct", "problem"), [
+    ("a.add_(b)", True, None),
+    ("pass", False, "input 0 (written in place by the reference): * of 256 elements * outside atol*"),
+    ("a.sub_(b)", False, "input 0 (written in place by the reference): * of 256 elements * outside atol*"),
+    ("a.add_(b)\n    b.zero_()", False, "input 1 was modified (* bytes changed); only inputs listed in INPLACE may be written"),
+])
+def test_an_in_place_baseline_is_held_to_what_the_reference_writes(make_case, run_kcoral, pytester, baseline, correct, problem):
+    import fnmatch
+    import json
+
+    make_case("cases/iadd", IN_PLACE_REFERENCE + f"\ndef baseline(a, b):\n    {baseline}\n", {"good": "def run(a, b):\n    a.add_(b)\n"})
+    run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["baseline_correct"] is correct
+    if problem is not None:
+        assert any(fnmatch.fnmatch(p, f"trial 1: {problem}") for p in item["extra"]["baseline_problems"]), item["extra"]
+
+
 def test_an_in_place_result_written_only_while_checked_fails_the_timed_check(make_case, run_kcoral):
     make_case("cases/iadd", IN_PLACE_REFERENCE, {
         "good": "def run(a, b):\n    a.add_(b)\n",

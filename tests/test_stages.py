@@ -380,32 +380,36 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     assert runs[-5:] == ["B", "C", "B", "C", "B"], runs
 
 
-def test_the_baseline_is_timed_in_a_fresh_child_that_went_the_candidates_way(make_case, run_kcoral, pytester):
+def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_way(make_case, run_kcoral, pytester):
     """Timed in the trusted child, a 32x256 layer norm read 5% slower than the same code timed in
     a fresh child that had gone the candidate's way, on every run and host (H200,
-    docs/performance.md). So the baseline is timed in a child of its own, fresh per item, whose
-    first call is the correctness run the candidate's child got, on the same inputs."""
+    docs/performance.md). So the baseline is timed in a child of its own (one per case, kept
+    across items, as the trusted child is), which gets each item's correctness run, on the inputs
+    the candidate's child got, before it is timed."""
     log = pytester.path / "calls.log"
     case = LOGGING_CASE.replace("__LOG__", repr(str(log))).replace("UNSEEN = []", 'UNSEEN = [{"n": 32}]')
     make_case("cases/add", case, {"logged": LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))})
     run_kcoral().assert_outcomes(passed=2)
     calls = _logged_calls(log)
     trusted = {pid for _, who, pid, _ in calls if who == "R"}  # the reference runs only there
-    candidates = {pid for _, who, pid, _ in calls if who == "C"}
+    candidates = [pid for _, who, pid, _ in calls if who == "C"]
     timing = {pid for _, who, pid, _ in calls if who == "B"} - trusted
-    assert len(trusted) == 1 and len(candidates) == 2
-    assert len(timing) == 2 and not timing & candidates  # one fresh child per item, neither side's
+    assert len(trusted) == 1 and len(set(candidates)) == 2
+    (baseline,) = timing  # neither side's process, and kept for the case's second item
+    assert baseline not in candidates
+    # each item: the candidate's first correctness input, then the baseline child's, the same
+    seen_by_baseline = [x for _, _, pid, x in calls if pid == baseline]
+    for pid in dict.fromkeys(candidates):
+        first = next(x for _, _, p, x in calls if p == pid)
+        assert first in seen_by_baseline
+    assert seen_by_baseline[0] == next(x for _, _, p, x in calls if p == candidates[0])
 
-    def first_inputs(pids: set[int]) -> list[str]:
-        return sorted(next(x for _, _, pid, x in calls if pid == p) for p in pids)
 
-    assert first_inputs(timing) == first_inputs(candidates)
-
-
-def test_a_candidate_that_rewrites_the_case_at_import_does_not_reach_the_timed_baseline(make_case, run_kcoral, pytester):
-    """Without --kcoral-sandbox a candidate can write into the case tree. The baseline's child
-    reads the case before the candidate's code runs, so the baseline it is timed against is the
-    case's as collected."""
+def test_a_candidate_that_rewrites_the_case_fails_the_case_instead_of_reaching_its_baseline(make_case, run_kcoral, pytester):
+    """Without --kcoral-sandbox a candidate can write into the case tree. A child that would
+    import the case after that (the trusted child, the next item's children) finds the case's
+    files changed since collection and the case fails, saying so: no item is graded against
+    what the candidate wrote."""
     log = pytester.path / "calls.log"
     folder = make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))))
     rewriter = f"""
@@ -414,14 +418,15 @@ _case = pathlib.Path({str(folder / "case.py")!r})
 _case.write_text(_case.read_text().replace('log("B", a)', 'log("X", a)'))
 """ + LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))
     (folder / "candidates" / "good.py").unlink()
-    (folder / "candidates" / "rewriter.py").write_text(rewriter)
-    run_kcoral().assert_outcomes(passed=1)
-    calls = _logged_calls(log)
-    trusted = {pid for _, who, pid, _ in calls if who == "R"}
-    candidate = {pid for _, who, pid, _ in calls if who == "C"}
-    timing = {pid for _, who, pid, _ in calls if who in ("B", "X")} - trusted - candidate
-    assert len(timing) == 1
-    assert {who for _, who, pid, _ in calls if pid in timing} == {"B"}
+    (folder / "candidates" / "a_rewriter.py").write_text(rewriter)
+    (folder / "candidates" / "b_honest.py").write_text(GOOD)
+    run_kcoral("--kcoral-json", "out.json").assert_outcomes(failed=2)
+    items = json.loads((pytester.path / "out.json").read_text())["items"]
+    for item in items:
+        assert item["case_failed"] is True and item["speedup"] is None
+        assert "its files changed after collection (case.py)" in item["message"], item["message"]
+    assert [i["stage"] for i in items] == ["correctness", "compile"]  # the trusted child's start; the next candidate's
+    assert not log.exists() or "X" not in {who for _, who, _, _ in _logged_calls(log)}
 
 
 RELU_CASE = """
