@@ -214,6 +214,17 @@ def _tier(path: Path, value: Any) -> int:
     return value
 
 
+def _checked_baseline_file(path: Path, case_format: str) -> Path:
+    """A ``baseline.py`` beside the case, imported here as the case module is, so that one that
+    does not import or defines no baseline is a collection error naming it, not a failure of
+    every candidate's process later."""
+    with helpers_importable(helpers_folder(case_format, path)):
+        module = import_case_module(path, "baseline")
+    if not any(callable(getattr(module, name, None)) for name in ("baseline", "run")):
+        raise CaseError(path, "defines neither baseline(*inputs) nor run(*inputs): the baseline a case's speedups are measured against")
+    return path
+
+
 def _require_callable(path: Path, module: ModuleType, name: str) -> None:
     if not callable(getattr(module, name, None)):
         raise CaseError(path, f"missing required function {name}()")
@@ -261,7 +272,7 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
         rtol=_tolerance(path, module, "RTOL"),
         inplace=tuple(inplace),
         has_baseline=baseline is not None or baseline_file.is_file(),
-        baseline_file=baseline_file if baseline is None and baseline_file.is_file() else None,
+        baseline_file=_checked_baseline_file(baseline_file, NATIVE) if baseline is None and baseline_file.is_file() else None,
         content_hash=content_hash(folder),
         file_digests=file_digests(folder),
         cost_problems=cost_problems,
@@ -358,7 +369,7 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         atol=_tolerance(config_path, config, "atol"),
         rtol=_tolerance(config_path, config, "rtol"),
         has_baseline=baseline is not None or baseline_file.is_file(),
-        baseline_file=baseline_file if baseline is None and baseline_file.is_file() else None,
+        baseline_file=_checked_baseline_file(baseline_file, KCORAL_BENCH) if baseline is None and baseline_file.is_file() else None,
         content_hash=content_hash(folder),
         file_digests=file_digests(folder),
     )

@@ -284,6 +284,8 @@ class _Runner:
         base_args = _clone(args)
         try:
             base = _leaves(self.case.baseline(shape, base_args))
+        except SystemExit as exc:  # would read as the reference's failure: the command's phase is 'reference'
+            return [f"the baseline called sys.exit({exc.code!r})"]
         except Exception as exc:  # a failing baseline is a finding, not a harness error
             return [f"{type(exc).__name__}: {exc}"[:500]]
         problems = correctness.compare_outputs(base, ref, tol)

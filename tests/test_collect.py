@@ -373,6 +373,20 @@ def test_a_gpu_mode_problem_runs_through_the_readme_recipe(make_case, run_kcoral
     assert len(drawn) >= 6 and len(set(drawn)) >= 0.9 * len(drawn), drawn
 
 
+@pytest.mark.parametrize(("baseline_src", "problem"), [
+    ("def baseline(a, b)\n    return a + b\n", "syntax error at line 1"),
+    ("raise ImportError('no such kernel')\n", "importing it raised ImportError: no such kernel"),
+    ("def prepare(a, b):\n    return lambda: a + b\n", "defines neither baseline(*inputs) nor run(*inputs)*"),
+])
+def test_a_broken_baseline_file_is_a_collection_error_naming_it(make_case, run_kcoral, baseline_src, problem):
+    # it was a compile failure of every candidate's process instead, blamed on no one clearly
+    make_case("cases/good")
+    make_case("cases/broken", files={"baseline.py": baseline_src})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines([f"*cases/broken/baseline.py: {problem}*"])
+    result.assert_outcomes(passed=2, errors=1)
+
+
 def test_a_syntax_error_in_a_helper_names_the_helper(make_case, run_kcoral):
     make_case("cases/add", "from utils import add\nSEEN = [{'n': 4}]\n", files={"utils.py": "def add(a, b)\n    return a + b\n"})
     result = run_kcoral()

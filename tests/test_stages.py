@@ -255,6 +255,18 @@ def test_a_baseline_that_raises_fails_the_timing_as_the_cases_fault(make_case, r
     assert item["correct"] is True and item["baseline_correct"] is False  # its check in the trusted child found it
 
 
+def test_a_baseline_that_exits_is_the_cases_failure_at_timing_not_the_references(make_case, run_kcoral, pytester):
+    # sys.exit in the baseline's check ended the trusted child's 'reference' command, and the
+    # candidate was failed at correctness for it
+    make_case("cases/add", RAISING_BASELINE.replace('raise ValueError("no baseline today")', "import sys\n    sys.exit(0)"), {"good": GOOD})
+    run_kcoral("--kcoral-json", "out.json").assert_outcomes(failed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["correct"] is True and item["baseline_correct"] is False
+    assert item["extra"]["baseline_problems"] == ["trial 1: the baseline called sys.exit(0)", "trial 2: the baseline called sys.exit(0)",
+                                                  "trial 3: the baseline called sys.exit(0)"]
+    assert item["stage"] == "timing" and item["phase"] == "baseline" and item["case_failed"] is True
+
+
 def test_a_case_whose_baseline_is_its_reference_stays_out_of_the_quadrants(make_case, run_kcoral, pytester):
     make_case("cases/add", candidates={"good": GOOD})  # no baseline: the reference is timed
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=2)
