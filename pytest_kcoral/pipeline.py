@@ -148,6 +148,7 @@ class LocalExecutor:
         self._references: dict[tuple, ReferenceData] = {}
         self._trusted: dict[tuple[str, str], Child] = {}
         self._baselines: dict[tuple[str, str], Child] = {}  # see ``_baseline_child``
+        self._costs: dict[tuple, tuple[dict | None, dict | None]] = {}  # see ``_cost``
         # --kcoral-ncu / --kcoral-sanitizer (SPEC section 8); the plugin checked the tools exist
         self.diagnostics = Diagnostics.from_settings(settings, self._child_env())
 
@@ -402,7 +403,9 @@ class LocalExecutor:
 
     def _reference_data(self, spec: ItemSpec, device: str, trusted: Callable[[], Child], tol: correctness.Tolerance) -> ReferenceData:
         case, shape = spec.case, spec.shape
-        key = (case.content_hash, shape.split, shape.shape_id, self.settings.seed, device, self.settings.trials)
+        # the case's id too: a KernelBench model's weights come from an init seed derived from it, so
+        # two folders holding the same files have different references
+        key = (case.case_id, case.content_hash, shape.split, shape.shape_id, self.settings.seed, device, self.settings.trials)
         cached = self._references.get(key)
         if cached is not None:
             return cached
@@ -483,7 +486,7 @@ class LocalExecutor:
         child.close()
 
     def _raise_case_failure(self, failure: ChildFailure, phase: str) -> NoReturn:
-        stage = "timing" if phase in ("baseline", "verify") else "correctness"
+        stage = "timing" if phase in ("baseline", "cost", "verify") else "correctness"
         if failure.kind == "outage":
             raise ServiceUnavailable(stage, failure.message) from None
         self._skip_if_case_needs_cuda(failure)
@@ -574,9 +577,7 @@ class LocalExecutor:
             first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
             first(r)
             second(r)
-        # the case's cost and the physical floor (a bandwidth measurement), after the rounds
-        header, _ = self._trusted_call(trusted, "cost", "baseline", shape=spec.shape.params, device=device)
-        floor, cost = header.get("floor"), header.get("cost")
+        floor, cost = self._cost(spec, trusted, device)
         try:
             baseline_stats = timing.combine_rounds(base_rounds)
         except ValueError as exc:
@@ -608,6 +609,16 @@ class LocalExecutor:
                     f"(baseline {result.t_baseline_us:.1f} us, candidate {result.t_candidate_us:.1f} us, {result.timer})",
                     "timing",
                 )
+
+    def _cost(self, spec: ItemSpec, trusted: Callable[[], Child], device: str) -> tuple[dict | None, dict | None]:
+        """The physical floor (a bandwidth measurement, under the lease) and the case's cost at
+        the shape, from the trusted child; once per case, shape and device, not per candidate."""
+        case = spec.case
+        key = (case.case_id, case.content_hash, spec.shape.split, spec.shape.shape_id, device)
+        if key not in self._costs:
+            header, _ = self._trusted_call(trusted, "cost", "cost", shape=spec.shape.params, device=device)
+            self._costs[key] = (header.get("floor"), header.get("cost"))
+        return self._costs[key]
 
     def _timing_cpu(self, lease: Any) -> int | None:
         """The core both sides' timing runs on (``timing/pinning.py``), or None: chosen by the

@@ -183,6 +183,9 @@ class RemoteExecutor(LocalExecutor):
         """Whether the candidate imports (a program of its own, run only when the case failed
         before the candidate's program could be built). A candidate that does not compile fails
         its item at compile, as it would locally, ahead of the case's failure."""
+        # its own budget, as a local compile has: the case's failure (a hung reference) may have
+        # used up the item's
+        self._deadline = time.monotonic() + self.settings.timeout_s
         load, files = _candidate_upload(spec)
         program = self.execute("candidate", spec.case, [load, ("finish", "finish", {}, None)], files)
         try:
@@ -334,7 +337,7 @@ class RemoteExecutor(LocalExecutor):
             "lease_held_ms": outcome.lease_held_ms,
             "gpu_ids": list(outcome.gpu_ids),
         })
-        return ReplayedChild(outcome, phases, wall_s >= budget_s)
+        return ReplayedChild(outcome, phases, wall_s >= budget_s, role)
 
 
 class ServiceDown(Exception):
@@ -375,8 +378,9 @@ class RemoteTrusted:
 class ReplayedChild:
     """A finished program's replies, handed out one command at a time like ``isolation.Child``."""
 
-    def __init__(self, outcome: Any, phases: dict[str, str], out_of_time: bool) -> None:
+    def __init__(self, outcome: Any, phases: dict[str, str], out_of_time: bool, role: str = "candidate") -> None:
         self.outcome = outcome
+        self.role = role  # whose program: its audit's findings name the baseline or the candidate
         self.phases = phases
         self.out_of_time = out_of_time
         self.failure: ChildFailure | None = None
@@ -388,6 +392,9 @@ class ReplayedChild:
         replay = cls(None, {}, False)
         replay.failure = failure
         return replay
+
+    def close(self) -> None:
+        pass  # the program is over; its worker went with it
 
     def call(self, cmd: str, phase: str, payload: Any = None, **_fields: Any) -> tuple[dict[str, Any], Any]:
         if self.failure is not None:
@@ -407,7 +414,8 @@ class ReplayedChild:
             error = header.get("error") or {}
             message = f"{error.get('type', 'Error')}: {error.get('message', '')}"
             if error.get("detected"):
-                message = f"detected after the candidate ran in phase '{phase}': {error.get('message', '')}"
+                ran = "the baseline" if self.role == "baseline" else "the candidate"
+                message = f"detected after {ran} ran in phase '{phase}': {error.get('message', '')}"
             raise ChildFailure("error", phase, message, self._output(), error)
         try:
             data = protocol.decode_payload(reply["payload"]) if reply.get("payload") is not None else None

@@ -161,6 +161,14 @@ def test_kernelbench_problem(pytester, make_case, run_kcoral):
     result.assert_outcomes(passed=2)
 
 
+def test_two_kernelbench_folders_with_the_same_files_keep_references_of_their_own(pytester, make_case, run_kcoral):
+    # the weights come from an init seed derived from the case's id: a reference cached by content
+    # alone gave the second folder the first one's, and failed every candidate there
+    make_case("kb/a", KERNELBENCH_CASE, {"fused": KERNELBENCH_CANDIDATE})
+    make_case("kb/b", KERNELBENCH_CASE, {"fused": KERNELBENCH_CANDIDATE})
+    run_kcoral("--kcoral-mode", "correctness", "-m", "seen").assert_outcomes(passed=2, deselected=2)
+
+
 def test_kernelbench_parameters_made_in_another_order_get_a_hint(pytester, make_case, run_kcoral):
     # a buffer drawn before the Linear layer: the same seed then gives the layer other weights
     reordered = KERNELBENCH_CANDIDATE.replace("        super().__init__()\n",

@@ -342,6 +342,43 @@ def test_remote_checks_structure_and_numbers_and_names_a_failed_case(make_case, 
         assert {f: remote_items[nodeid][f] for f in fields} == {f: item[f] for f in fields}, nodeid
 
 
+RAISING_BASELINE_CASE = """
+import torch
+SEEN = [{"n": 64}]
+UNSEEN = []
+
+def make_inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+
+def reference(x):
+    return x * 2
+
+def baseline(x):
+    raise ValueError("no baseline today")
+"""
+
+
+def test_remote_a_baseline_that_fails_its_program_fails_the_case_as_locally(make_case, run_kcoral, pytester, kcoral_url):
+    # the baseline's program failing once crashed the plugin (AttributeError), leaving the item out of the JSON
+    make_case("cases/nobase", RAISING_BASELINE_CASE, {"good": "def run(x):\n    return x * 2\n"})
+    run_kcoral("--kcoral-json", "local.json").assert_outcomes(failed=1)
+    run_kcoral("--kcoral-url", kcoral_url, "--kcoral-json", "remote.json").assert_outcomes(failed=1)
+    (local,), (remote,) = _items(pytester.path / "local.json").values(), _items(pytester.path / "remote.json").values()
+    for item in (local, remote):
+        assert (item["stage"], item["phase"], item["case_failed"], item["correct"]) == ("timing", "baseline", True, True)
+        assert "ValueError: no baseline today" in item["message"]
+    assert [p["role"] for p in remote["extra"]["remote"]["programs"]] == ["trusted", "candidate", "baseline"]
+
+
+def test_remote_a_reference_that_hangs_still_learns_whether_the_candidate_compiles(make_case, run_kcoral, pytester, kcoral_url):
+    # the compile check once ran on what was left of the item's time, nothing, and read "does not compile"
+    hanging = RAISING_BASELINE_CASE.replace("def reference(x):\n    return x * 2", "def reference(x):\n    import time\n    time.sleep(600)")
+    make_case("cases/hangs", hanging, {"good": "def run(x):\n    return x * 2\n"})
+    run_kcoral("--kcoral-url", kcoral_url, "--kcoral-timeout", "8", "--kcoral-json", "remote.json").assert_outcomes(failed=1)
+    (item,) = _items(pytester.path / "remote.json").values()
+    assert item["case_failed"] is True and item["compiled"] is True, item["message"]
+
+
 @pytest.fixture
 def own_server(tmp_path: Path):
     """A ``kcoral server`` of this test's own, in a process group of its own, that the test may
