@@ -214,6 +214,17 @@ def _tier(path: Path, value: Any) -> int:
     return value
 
 
+def _baseline_file(folder: Path, case_format: str, source: Path, baseline: Any) -> Path | None:
+    """The case's ``baseline.py``, if it has one and no ``baseline()`` of its own (both: which one
+    speedups are measured against would be a guess, so it is an error)."""
+    path = folder / "baseline.py"
+    if not path.is_file():
+        return None
+    if baseline is not None:
+        raise CaseError(source, f"defines baseline() and has a baseline.py beside it ({path}): keep one, the baseline speedups are measured against")
+    return _checked_baseline_file(path, case_format)
+
+
 def _checked_baseline_file(path: Path, case_format: str) -> Path:
     """A ``baseline.py`` beside the case, imported here as the case module is, so that one that
     does not import or defines no baseline is a collection error naming it, not a failure of
@@ -248,10 +259,10 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
     unseen = _make_shapes(path, getattr(module, "UNSEEN", []), "unseen", "UNSEEN")
     _require_callable(path, module, "make_inputs")
     _require_callable(path, module, "reference")
-    baseline_file = folder / "baseline.py"
     baseline = getattr(module, "baseline", None)
     if baseline is not None and not callable(baseline):
         raise CaseError(path, "baseline must be a function")
+    baseline_file = _baseline_file(folder, NATIVE, path, baseline)
     cost = getattr(module, "cost", None)
     if cost is not None and not callable(cost):
         raise CaseError(path, "cost must be a function of the shape")
@@ -271,8 +282,8 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
         atol=_tolerance(path, module, "ATOL"),
         rtol=_tolerance(path, module, "RTOL"),
         inplace=tuple(inplace),
-        has_baseline=baseline is not None or baseline_file.is_file(),
-        baseline_file=_checked_baseline_file(baseline_file, NATIVE) if baseline is None and baseline_file.is_file() else None,
+        has_baseline=baseline is not None or baseline_file is not None,
+        baseline_file=baseline_file,
         content_hash=content_hash(folder),
         file_digests=file_digests(folder),
         cost_problems=cost_problems,
@@ -356,7 +367,7 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
     if baseline is not None and not callable(baseline):
         raise CaseError(bench_py, "baseline must be a function")
     # a baseline.py beside bench.py is the baseline, as in a native case (it is never a candidate)
-    baseline_file = folder / "baseline.py"
+    baseline_file = _baseline_file(folder, KCORAL_BENCH, bench_py, baseline)
     shapes = seen + unseen
     _check_unique(config_path, shapes)
     return Case(
@@ -368,8 +379,8 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         tier=_tier(config_path, config.get("tier")),
         atol=_tolerance(config_path, config, "atol"),
         rtol=_tolerance(config_path, config, "rtol"),
-        has_baseline=baseline is not None or baseline_file.is_file(),
-        baseline_file=_checked_baseline_file(baseline_file, KCORAL_BENCH) if baseline is None and baseline_file.is_file() else None,
+        has_baseline=baseline is not None or baseline_file is not None,
+        baseline_file=baseline_file,
         content_hash=content_hash(folder),
         file_digests=file_digests(folder),
     )

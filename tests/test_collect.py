@@ -395,6 +395,16 @@ def test_a_broken_baseline_file_is_a_collection_error_naming_it(make_case, run_k
     result.assert_outcomes(passed=2, errors=1)
 
 
+def test_a_case_with_two_baselines_is_a_collection_error(make_case, run_kcoral):
+    # which one speedups were measured against was case.py's, silently
+    make_case("cases/good")
+    two = "import torch\nSEEN = [{'n': 4}]\ndef make_inputs(s, d):\n    return (torch.ones(4),)\ndef reference(x):\n    return x\n"
+    make_case("cases/two", two + "def baseline(x):\n    return x\n", files={"baseline.py": "def baseline(x):\n    return x\n"})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines(["*cases/two/case.py: defines baseline() and has a baseline.py beside it*"])
+    result.assert_outcomes(passed=2, errors=1)
+
+
 def test_a_syntax_error_in_a_helper_names_the_helper(make_case, run_kcoral):
     make_case("cases/add", "from utils import add\nSEEN = [{'n': 4}]\n", files={"utils.py": "def add(a, b)\n    return a + b\n"})
     result = run_kcoral()
