@@ -333,7 +333,15 @@ class _Runner:
         return {"entry": self.candidate.entry}, None
 
     def _cmd_finish(self, _header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
-        """The parent's last word with a candidate child: the audit runs after it, as after any command."""
+        """The parent's last word with a child for an item: the audit runs after it, as after any
+        command. The item's timing sets go: a kept baseline child then draws new sets and
+        placements for its next item, as a candidate's fresh child does, and holds no device
+        memory while idle."""
+        self._timing_sets = None
+        if self.role == BASELINE and str(self.device).startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
         return {}, None
 
     def _cmd_run(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
@@ -343,6 +351,7 @@ class _Runner:
 
         from pytest_kcoral import correctness
 
+        self._timing_sets = None  # an item's timing draws its own sets (see ``_cmd_finish``)
         shape = header["shape"]
         written_inputs = header.get("written_inputs") or []
         outputs, inputs_changed, findings, structures, written = [], [], [], [], []

@@ -235,8 +235,13 @@ class LocalExecutor:
             try:
                 with timed_phase(result, "compile"):
                     candidate = self._candidate_child(spec, stack, deadline)
-                    # before any candidate code of the item runs: see ``_baseline_child``
-                    baseline = self._baseline_child(spec.case, deadline) if self.settings.mode != "correctness" else None
+                # before any candidate code of the item runs (see ``_baseline_child``); starting it
+                # is the case's work, not the item's: the item's deadline moves by what it took
+                baseline_started = time.monotonic()
+                baseline = self._baseline_child(spec.case) if self.settings.mode != "correctness" else None
+                deadline += time.monotonic() - baseline_started
+                candidate.deadline = deadline
+                with timed_phase(result, "compile"):
                     self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=shape.params))
             except StageFailed:
                 self._record_baseline_only(spec, result, tol)
@@ -269,6 +274,7 @@ class LocalExecutor:
             if self.settings.mode != "correctness":
                 with timed_phase(result, "timing"):
                     self._time(spec, candidate, baseline, trusted, ref, device, self._timing_cpu(lease), tol, result)
+                    self._baseline_call(baseline, "finish", "baseline")  # kept: its item's timing sets go
             if self.diagnostics and self.diagnostics.ncu:
                 deadline = self._diagnose(spec, ref, device, result, "ncu", candidate, deadline)
             # the last word: the child's audit runs once more, and a reply left over in the
@@ -286,7 +292,7 @@ class LocalExecutor:
             self._skip_if_case_needs_cuda(failure)
             raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase, case_failed=True) from None
 
-    def _baseline_child(self, case: Case, deadline: float) -> Child | StageFailed:
+    def _baseline_child(self, case: Case) -> Child | StageFailed:
         """The case's baseline child, which times the baseline the way a candidate's child times
         the candidate: it holds the baseline in the candidate's place (``load_baseline``) and gets,
         per item, the correctness stage's ``run`` the candidate got, then the same ``time``
@@ -307,7 +313,9 @@ class LocalExecutor:
             child = None
             try:
                 self._require_case_as_collected(case, "timing", "baseline")
-                child = Child(BASELINE_ROLE, self._case_spec(case), self._child_env(), deadline, f"baseline:{case.case_id}", self.sandbox)
+                # a budget of its own, as the case's work has in ``_record_baseline_only``
+                child = Child(BASELINE_ROLE, self._case_spec(case), self._child_env(), time.monotonic() + self.settings.timeout_s,
+                              f"baseline:{case.case_id}", self.sandbox)
                 child.call("load_baseline", "baseline")
             except StageFailed as failure:
                 return failure
@@ -316,7 +324,6 @@ class LocalExecutor:
                     child.close()
                 self._skip_if_case_needs_cuda(failure)
                 return StageFailed("timing", CASE_FAILED_PREFIX + _describe_child_failure("timing", failure), failure.phase, case_failed=True)
-        child.deadline = deadline
         self._baselines[key] = child  # most recently used last
         while len(self._baselines) > MAX_TRUSTED_CHILDREN:
             self._baselines.pop(next(iter(self._baselines))).close()
@@ -537,7 +544,13 @@ class LocalExecutor:
         assert baseline is not None, "timing needs the baseline's child (None only in --kcoral-mode correctness)"
         written_inputs = ref.written_inputs
         # the baseline's child goes the candidate's way first: the correctness stage's run, as sent to the candidate
-        self._baseline_call(baseline, "run", "baseline", **correctness_run(spec, ref, device))
+        header, payload = self._baseline_call(baseline, "run", "baseline", **correctness_run(spec, ref, device))
+        if ref.baseline_correct is not False:  # a baseline found wrong is recorded, and timed all the same
+            problems = _run_problems(header, payload, ref, tol)
+            if problems:
+                raise StageFailed("timing", CASE_FAILED_PREFIX + "its baseline, run on the correctness inputs in the process that times it,"
+                                  " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
+                                  + _one_screen(problems), "baseline", case_failed=True)
         budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
         rounds = self.timing_rounds
         common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
@@ -674,6 +687,20 @@ def correctness_run(spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str
     poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
     return dict(payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device, poison_bytes=poison,
                 written_inputs=list(ref.written_inputs))
+
+
+def _run_problems(header: dict[str, Any], payload: Any, ref: ReferenceData, tol: correctness.Tolerance) -> list[str]:
+    """What a ``run`` reply (outputs, in-place results, findings) gets wrong against the reference, per trial."""
+    outputs, written, findings = payload["outputs"], payload.get("written") or [], header.get("findings") or []
+    problems: list[str] = []
+    for t in range(len(ref.inputs)):
+        trial = list(findings[t]) if t < len(findings) else []
+        if not trial:
+            trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
+            trial += correctness.compare_outputs(written[t] if t < len(written) else None, ref.written[t] if t < len(ref.written) else (),
+                                                 tol, correctness.written_input_names(ref.written_inputs))
+        problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
+    return problems
 
 
 def implausible_stats(stats: dict[str, Any] | None, parent_wall_s: float) -> str | None:

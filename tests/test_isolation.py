@@ -319,3 +319,36 @@ def test_a_stopped_session_leaves_no_candidate_running(pytester, make_case, sig)
     if sig == "SIGTERM":
         assert code == pytest.ExitCode.INTERRUPTED
         assert json.loads((pytester.path / "out.json").read_text())["partial"] is True
+
+
+def test_a_kept_baseline_child_draws_new_timing_sets_for_every_item(tmp_path):
+    """The child that times a case's baseline is kept across items: its timing input sets (and on
+    a GPU their placements) go at each item's ``finish``, and at the next ``run``, so every item
+    is timed on sets of its own, as a candidate's fresh child's are."""
+    import torch
+
+    from pytest_kcoral import child
+
+    (tmp_path / "case.py").write_text("import torch\nSEEN = [{'n': 8}]\ndef make_inputs(shape, device):\n"
+                                      "    return (torch.randn(shape['n']),)\ndef reference(x):\n    return x * 2\n")
+    spec = {"format": "native", "source": str(tmp_path / "case.py"), "baseline_file": None, "device": "cpu",
+            "device_kind": "cpu", "init_seed": 1, "cpu_threads": None}
+    threads = torch.get_num_threads()
+    try:
+        runner = child._Runner(child.BASELINE, spec)
+        timed = {"shape": {"n": 8}, "device": "cpu", "n_sets": 3, "budget_s": 0.01, "warmup_s": 0.0, "verify": 1, "send_kept": False}
+
+        def item() -> list[tuple]:
+            reply, _ = runner.handle({"cmd": "run", "shape": {"n": 8}, "device": "cpu"}, {"inputs": [(torch.ones(8),)]})
+            assert reply["ok"], reply
+            reply, payload = runner.handle(dict(timed, cmd="time"), None)
+            assert reply["ok"] and payload["verify"] == [], reply  # kept as the candidate's are, not sent
+            sets = list(runner._timing_sets[2])  # held here, so no later object can take their ids
+            assert runner.handle({"cmd": "finish"}, None)[0]["ok"] and runner._timing_sets is None
+            return sets
+
+        assert runner.handle({"cmd": "load_baseline"}, None)[0]["ok"]
+        first = item()
+        assert not {id(s) for s in first} & {id(s) for s in item()}  # the second item's sets are new objects
+    finally:
+        torch.set_num_threads(threads)

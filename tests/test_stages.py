@@ -267,6 +267,30 @@ def test_a_baseline_that_exits_is_the_cases_failure_at_timing_not_the_references
     assert item["stage"] == "timing" and item["phase"] == "baseline" and item["case_failed"] is True
 
 
+def test_starting_the_baseline_child_does_not_use_up_the_items_time(make_case, run_kcoral, pytester):
+    # a case that takes 3 s to import in each child: the candidate's, the baseline's and the trusted
+    # child's starts (9 s) once ran past an 8 s --kcoral-timeout, blamed on the candidate's compile
+    slow = RAISING_BASELINE.replace("import torch\n", "import os, time, torch\nif 'kcoral-' in os.getcwd():\n    time.sleep(3)\n", 1)
+    make_case("cases/slow", slow.replace('raise ValueError("no baseline today")', "return a + b"), {"good": GOOD})
+    run_kcoral("--kcoral-timeout", "8", "--kcoral-json", "out.json").assert_outcomes(passed=1)
+
+
+def test_a_baseline_that_keeps_state_across_calls_is_the_cases_failure(make_case, run_kcoral, pytester):
+    # kept across items, the process that times the baseline would time what its state answers:
+    # its own run on the correctness inputs is checked against the reference first
+    memo = RAISING_BASELINE.replace('raise ValueError("no baseline today")',
+                                    "key = a.data_ptr()\n    if key not in CACHE:\n        CACHE[key] = a + b\n    return CACHE[key]")
+    shapes = 'SEEN = [{"n": 64, "k": 1}, {"n": 64, "k": 2}, {"n": 64, "k": 3}]\nUNSEEN = []\nCACHE = {}'
+    make_case("cases/memo", memo.replace('SEEN = [{"n": 64}]\nUNSEEN = []', shapes), {"good": GOOD})
+    run_kcoral("--kcoral-json", "out.json")
+    items = json.loads((pytester.path / "out.json").read_text())["items"]
+    stale = [i for i in items if i["outcome"] == "failed"]
+    assert stale, [(i["outcome"], i["baseline_correct"]) for i in items]
+    for item in stale:
+        assert item["case_failed"] is True and item["phase"] == "baseline" and item["correct"] is True
+        assert "disagrees with the reference where its check agreed" in item["message"], item["message"]
+
+
 def test_a_case_whose_baseline_is_its_reference_stays_out_of_the_quadrants(make_case, run_kcoral, pytester):
     make_case("cases/add", candidates={"good": GOOD})  # no baseline: the reference is timed
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=2)
