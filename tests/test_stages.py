@@ -276,17 +276,18 @@ def test_starting_the_baseline_child_does_not_use_up_the_items_time(make_case, r
 
 
 def test_a_baseline_that_keeps_state_across_calls_is_the_cases_failure(make_case, run_kcoral, pytester):
-    # kept across items, the process that times the baseline would time what its state answers:
-    # its own run on the correctness inputs is checked against the reference first
-    memo = RAISING_BASELINE.replace('raise ValueError("no baseline today")',
-                                    "key = a.data_ptr()\n    if key not in CACHE:\n        CACHE[key] = a + b\n    return CACHE[key]")
-    shapes = 'SEEN = [{"n": 64, "k": 1}, {"n": 64, "k": 2}, {"n": 64, "k": 3}]\nUNSEEN = []\nCACHE = {}'
-    make_case("cases/memo", memo.replace('SEEN = [{"n": 64}]\nUNSEEN = []', shapes), {"good": GOOD})
-    run_kcoral("--kcoral-json", "out.json")
-    items = json.loads((pytester.path / "out.json").read_text())["items"]
-    stale = [i for i in items if i["outcome"] == "failed"]
-    assert stale, [(i["outcome"], i["baseline_correct"]) for i in items]
-    for item in stale:
+    # kept across items, the process that times the baseline would time what its state answers
+    # (a cache keyed on data_ptr returned another item's outputs): its own run on the correctness
+    # inputs is checked against the reference first. This one turns wrong after 20 calls: the
+    # trusted child's checks make 9 (3 trials, 3 shapes), the timing child's first item more.
+    drifting = RAISING_BASELINE.replace('raise ValueError("no baseline today")',
+                                        "CALLS.append(1)\n    return a + b if len(CALLS) <= 20 else a - b")
+    shapes = 'SEEN = [{"n": 64}, {"n": 65}, {"n": 66}]\nUNSEEN = []\nCALLS = []'
+    make_case("cases/drift", drifting.replace('SEEN = [{"n": 64}]\nUNSEEN = []', shapes), {"good": GOOD})
+    run_kcoral("--kcoral-json", "out.json").assert_outcomes(passed=1, failed=2)
+    first, *later = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert first["outcome"] == "passed" and first["baseline_correct"] is True
+    for item in later:
         assert item["case_failed"] is True and item["phase"] == "baseline" and item["correct"] is True
         assert "disagrees with the reference where its check agreed" in item["message"], item["message"]
 
