@@ -143,10 +143,16 @@ def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
     return module
 
 
-def content_hash(folder: Path) -> str:
-    """Hash of the case's own files (not its candidates): keys cached reference results."""
+def _identity(folder: Path) -> dict[str, Any]:
+    """``Case``'s ``content_hash`` (keys cached reference results) and ``file_digests``, from one
+    read of the case's own files."""
+    digests = file_digests(folder)
+    return {"content_hash": _hash_of(digests), "file_digests": digests}
+
+
+def _hash_of(digests: dict[str, bytes]) -> str:
     h = hashlib.sha256()
-    for name, digest in file_digests(folder).items():
+    for name, digest in digests.items():
         h.update(name.encode())
         h.update(digest)
     return h.hexdigest()[:16]
@@ -222,13 +228,8 @@ def _baseline_file(folder: Path, case_format: str, source: Path, baseline: Any) 
         return None
     if baseline is not None:
         raise CaseError(source, f"defines baseline() and has a baseline.py beside it ({path}): keep one, the baseline speedups are measured against")
-    return _checked_baseline_file(path, case_format)
-
-
-def _checked_baseline_file(path: Path, case_format: str) -> Path:
-    """A ``baseline.py`` beside the case, imported here as the case module is, so that one that
-    does not import or defines no baseline is a collection error naming it, not a failure of
-    every candidate's process later."""
+    # imported here as the case module is, so that one that does not import or defines no
+    # baseline is a collection error naming it, not a failure of every candidate's process later
     with helpers_importable(helpers_folder(case_format, path)):
         module = import_case_module(path, "baseline")
     if not any(callable(getattr(module, name, None)) for name in ("baseline", "run")):
@@ -284,8 +285,7 @@ def _native_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> 
         inplace=tuple(inplace),
         has_baseline=baseline is not None or baseline_file is not None,
         baseline_file=baseline_file,
-        content_hash=content_hash(folder),
-        file_digests=file_digests(folder),
+        **_identity(folder),
         cost_problems=cost_problems,
     )
 
@@ -331,8 +331,7 @@ def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType
         tier=_tier(path, getattr(module, "TIER", None)),
         atol=_tolerance(path, module, "ATOL"),
         rtol=_tolerance(path, module, "RTOL"),
-        content_hash=content_hash(folder),
-        file_digests=file_digests(folder),
+        **_identity(folder),
     )
 
 
@@ -381,6 +380,5 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         rtol=_tolerance(config_path, config, "rtol"),
         has_baseline=baseline is not None or baseline_file is not None,
         baseline_file=baseline_file,
-        content_hash=content_hash(folder),
-        file_digests=file_digests(folder),
+        **_identity(folder),
     )

@@ -517,8 +517,7 @@ class LocalExecutor:
             if not trial:
                 trial += correctness.compare_structure(structures[t], ref.structure)
             if not trial:
-                trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
-                trial += correctness.compare_outputs(written[t], ref.written[t], tol, correctness.written_input_names(ref.written_inputs))
+                trial += _compare_trial(ref, t, outputs[t], written[t], tol)
             trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
         if spec.case.format == KERNELBENCH and _mostly_wrong(problems, len(ref.inputs)):
@@ -551,7 +550,7 @@ class LocalExecutor:
                 raise StageFailed("timing", CASE_FAILED_PREFIX + "its baseline, run on the correctness inputs in the process that times it,"
                                   " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
                                   + _one_screen(problems), "baseline", case_failed=True)
-        budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
+        budget = self._timing_budget_s()
         rounds = self.timing_rounds
         common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
                       timer=self.settings.timer, cpu=cpu)
@@ -622,6 +621,10 @@ class LocalExecutor:
                     f"(baseline {result.t_baseline_us:.1f} us, candidate {result.t_candidate_us:.1f} us, {result.timer})",
                     "timing",
                 )
+
+    def _timing_budget_s(self) -> float:
+        """Per callable, all rounds together: --kcoral-timing-budget, or the device's default."""
+        return self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
 
     def _cost(self, spec: ItemSpec, trusted: Callable[[], Child], device: str) -> tuple[dict | None, dict | None]:
         """The physical floor (a bandwidth measurement, under the lease) and the case's cost at
@@ -696,11 +699,15 @@ def _run_problems(header: dict[str, Any], payload: Any, ref: ReferenceData, tol:
     for t in range(len(ref.inputs)):
         trial = list(findings[t]) if t < len(findings) else []
         if not trial:
-            trial += correctness.compare_outputs(outputs[t], ref.reference[t], tol)
-            trial += correctness.compare_outputs(written[t] if t < len(written) else None, ref.written[t] if t < len(ref.written) else (),
-                                                 tol, correctness.written_input_names(ref.written_inputs))
+            trial += _compare_trial(ref, t, outputs[t], written[t] if t < len(written) else None, tol)
         problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
     return problems
+
+
+def _compare_trial(ref: ReferenceData, t: int, outputs: Any, written: Any, tol: correctness.Tolerance) -> list[str]:
+    """One trial's outputs and in-place results against the reference's."""
+    return (correctness.compare_outputs(outputs, ref.reference[t], tol)
+            + correctness.compare_outputs(written, ref.written[t], tol, correctness.written_input_names(ref.written_inputs)))
 
 
 def implausible_stats(stats: dict[str, Any] | None, parent_wall_s: float) -> str | None:

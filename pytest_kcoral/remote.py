@@ -217,8 +217,7 @@ class RemoteExecutor(LocalExecutor):
         payload = run.pop("payload")
         commands: list[tuple[str, str, dict[str, Any], Any]] = [load, ("run", phases[0], run, payload)]
         if self.settings.mode != "correctness":
-            budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
-            commands.append(("time", phases[1], dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget,
+            commands.append(("time", phases[1], dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=self._timing_budget_s(),
                                                      timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS,
                                                      written_inputs=list(ref.written_inputs), **time_fields), None))
         return commands
