@@ -33,7 +33,10 @@ from pytest_kcoral.timing import pinning
 VERIFIED_TIMED_CALLS = 2
 BASELINE_PROBLEMS_KEPT = 5  # lines of why a baseline is wrong, per item in the JSON
 TIMING_INPUT_SETS = 3
-TIMING_ROUNDS = 4  # per side, interleaved: see LocalExecutor._time
+# Per side, interleaved (see LocalExecutor._time). Short rounds: the host's speed changes within
+# a second or so, and a side's rounds timed at the slower speed are left out
+# (``timing.combine_rounds``), so the more rounds, the likelier each side has some at full speed.
+TIMING_ROUNDS = 8
 _WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
 
 # Trusted children, and baseline children, kept alive per worker (one per case each, least
@@ -556,9 +559,11 @@ class LocalExecutor:
                       timer=self.settings.timer, cpu=cpu)
         # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
         # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
-        # in one process, see docs/performance.md), and a drift then hits both sides alike. The
-        # candidate keeps timed outputs in every round; which of them are checked against the
-        # reference is drawn here, from the session seed, so no round is safe to cheat in.
+        # in one process, see docs/performance.md), and a drift then hits both sides alike; a
+        # slowdown of one process alone is left out with the rounds it slowed. The
+        # candidate keeps timed outputs in every round; one of its fastest round's is checked
+        # against the reference, and others drawn here from the session seed, so no round is
+        # safe to cheat in (``_timed_outputs_to_check``).
         keep = max(1, VERIFIED_TIMED_CALLS // rounds)
         # Both sides run one harness with one set of fields: the baseline's child keeps timed
         # outputs as the candidate's does, then drops them, since keeping them allocates between
@@ -566,7 +571,7 @@ class LocalExecutor:
         timed_alike = dict(common, verify=keep, written_inputs=list(written_inputs))
         base_rounds: list[TimingStats] = []
         cand_rounds: list[TimingStats] = []
-        verify: list[dict] = []
+        verify: list[list[dict]] = []  # per candidate round, the timed outputs it kept
 
         def time_baseline(r: int) -> None:
             header, _ = self._baseline_call(baseline, "time", "baseline", warmup_s=_warmup_s(r), send_kept=False, **timed_alike)
@@ -583,7 +588,7 @@ class LocalExecutor:
                 raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep} (results forged?)", "verify",
                                   disqualifies=True)
             cand_rounds.append(stats_)
-            verify.extend(payload["verify"])
+            verify.append(payload["verify"])
 
         for r in range(rounds):
             first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
@@ -606,7 +611,7 @@ class LocalExecutor:
         result.speedup = speedup_between(baseline_stats, candidate_stats)
         # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
         result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
-        checked = random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")).sample(verify, min(len(verify), VERIFIED_TIMED_CALLS))
+        checked = _timed_outputs_to_check(cand_rounds, verify, random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")))
         with timed_phase(result, "verify"):
             self._verify_timed_outputs(trusted, checked, spec, device, tol, written_inputs)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
@@ -680,6 +685,20 @@ class LocalExecutor:
         if problems:
             raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify",
                               disqualifies=True)
+
+
+def _timed_outputs_to_check(rounds: list[TimingStats], kept: list[list[dict]], rng: random.Random) -> list[dict]:
+    """``VERIFIED_TIMED_CALLS`` of the candidate's kept timed outputs (``kept``: per round): one
+    of its fastest round's, since that round always sets its time (``timing.combine_rounds``
+    leaves out rounds slower by more than a margin, so a round made fast by skipping work would
+    otherwise be the time and go unchecked), the rest drawn from all the others."""
+    timed = [r for r in timing.undisturbed_rounds(rounds) if kept[r]]
+    if not timed:
+        return []
+    fastest = min(timed, key=lambda r: rounds[r].median_us)
+    first = kept[fastest][rng.randrange(len(kept[fastest]))]
+    others = [v for r, entries in enumerate(kept) for v in entries if v is not first]
+    return [first, *rng.sample(others, min(len(others), VERIFIED_TIMED_CALLS - 1))]
 
 
 def correctness_run(spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str, Any]:

@@ -34,7 +34,9 @@ class TimingStats:
     host_bound: bool = False  # host time far above the GPU span: timed by the host clock
     same_work_every_call: bool | None = None  # every timed call launched the same set of kernels
     flags: list[str] = field(default_factory=list)
-    rounds: int = 1  # timing rounds merged into these figures, interleaved with the other side's
+    rounds: int = 1  # timing rounds timed, interleaved with the other side's
+    rounds_dropped: int = 0  # of those, left out as disturbed (``timing.combine_rounds``)
+    round_medians_us: list[float] | None = None  # each round's median, in time order
     samples_us: list[float] | None = None  # per timed call, in call order (dropped once merged)
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kernels import triton_add
 
+from pytest_kcoral.pipeline import TIMING_ROUNDS
 from pytest_kcoral.results import CASE_FAILED_PREFIX
 
 GOOD = "def run(a, b):\n    return a + b\n"
@@ -402,7 +403,8 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", log), {"logged": LOGGING_CANDIDATE.replace("__LOG__", log)})
     run_kcoral("--kcoral-json", "out.json").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
-    assert item["baseline_timing"]["rounds"] == item["candidate_timing"]["rounds"] == 4
+    assert item["baseline_timing"]["rounds"] == item["candidate_timing"]["rounds"] == TIMING_ROUNDS
+    assert len(item["candidate_timing"]["round_medians_us"]) == TIMING_ROUNDS
     assert item["candidate_timing"]["samples_us"] is None  # merged: the raw samples stay out of the artifact
     # where the item's time went, phase by phase (verify is part of timing)
     assert set(item["phases_ms"]) == {"compile", "reference", "correctness", "timing", "verify"}
@@ -412,7 +414,7 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     calls = [who for _, who, _, _ in _logged_calls(pytester.path / "calls.log") if who != "R"]
     runs = [who for n, who in enumerate(calls) if n == 0 or calls[n - 1] != who]
     # correctness (the baseline's check in the trusted child, the candidate's run, the baseline's
-    # child's run), then four rounds a side ordered B C C B B C C B: runs of one side merge, so
+    # child's run), then TIMING_ROUNDS rounds a side ordered B C C B B C C B...: runs of one side merge, so
     # timing ends in B C B C B
     assert runs[-5:] == ["B", "C", "B", "C", "B"], runs
 

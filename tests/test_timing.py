@@ -6,6 +6,7 @@ tests/gpu/test_timing_gpu.py on a GPU machine.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import time
@@ -298,17 +299,55 @@ def _round(samples, method="wall", flags=(), **kw):
 def test_combine_rounds_takes_the_statistics_of_all_samples_together():
     a = _round([10.0, 11.0, 12.0], busy_us=9.0, records=2, host_median_us=20.0, same_work_every_call=True,
                flags=["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=4.00", "rse_target_missed: 0.1 >= 0.005 after 3 samples"])
-    b = _round([30.0, 31.0], busy_us=11.0, records=2, host_median_us=40.0, same_work_every_call=False,
+    b = _round([10.5, 11.5], busy_us=11.0, records=2, host_median_us=40.0, same_work_every_call=False,
                flags=["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=5.00", "host_bound: ..."], host_bound=True)
     merged = timing.combine_rounds([a, b])
-    assert merged.n == 5 and merged.rounds == 2
-    assert merged.median_us == 12.0 and merged.min_us == 10.0
+    assert merged.n == 5 and merged.rounds == 2 and merged.rounds_dropped == 0
+    assert merged.median_us == 11.0 and merged.min_us == 10.0
+    assert merged.round_medians_us == [11.0, 11.0]
     assert merged.samples_us is None  # the raw samples stay out of the artifact
     assert merged.busy_us == 10.0 and merged.records == 2 and merged.host_median_us == 30.0
     assert merged.host_bound is True and merged.same_work_every_call is False
     # one flag of each kind, the first round's figure; convergence judged again on all samples
     assert merged.flags[:3] == ["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=4.00", "host_bound: ..."]
     assert merged.flags[3].startswith("rse_target_missed: ") and merged.flags[3].endswith("after 5 samples in 2 rounds")
+
+
+def test_combine_rounds_leaves_out_rounds_the_host_slowed():
+    """A launch-bound chain ran at one of two levels about 1.5x apart, switching within one process
+    (H200, docs/performance.md, session 12): pooled, its rounds gave a median between the levels.
+    A round whose median lies over 10% above the fastest round's is left out, and said so."""
+    fast, slow = [41.0, 41.5, 42.0, 41.2], [57.0, 58.0, 59.0, 57.5]
+    rounds = [_round(slow, "cupti", busy_us=9.0), _round(fast, "cupti", busy_us=9.0), _round(slow, "cupti", busy_us=9.0),
+              _round([x * 1.08 for x in fast], "cupti", busy_us=9.0)]  # within the margin: kept
+    merged = timing.combine_rounds(rounds)
+    assert merged.rounds == 4 and merged.rounds_dropped == 2 and merged.n == 8
+    assert 41.0 <= merged.median_us <= 42.0 * 1.08
+    assert merged.round_medians_us == [r.median_us for r in rounds]
+    assert any(f.startswith("rounds_dropped=2/4: ") for f in merged.flags), merged.flags
+    pooled = stats.median(sorted(fast + slow + slow + [x * 1.08 for x in fast]))
+    assert pooled > 44.0  # what pooling every round gave: between the two levels
+    # rounds that agree (noise of a few percent) are all kept
+    steady = timing.combine_rounds([_round([10.0, 10.1]), _round([10.3, 10.4]), _round([9.9, 10.0])])
+    assert steady.rounds_dropped == 0 and steady.n == 6 and not any(f.startswith("rounds_dropped") for f in steady.flags)
+
+
+def test_the_fastest_rounds_timed_output_is_always_checked():
+    """Rounds slower than the fastest are left out, so a candidate fast (and wrong) in one round
+    only would have that round as its time: one of that round's kept outputs is always among those
+    checked against the reference, whatever the draw."""
+    from pytest_kcoral.pipeline import VERIFIED_TIMED_CALLS, _timed_outputs_to_check
+
+    rounds = [_round([20.0, 20.2], "cupti") for _ in range(8)]
+    rounds[5] = _round([2.0, 2.1], "cupti")  # the round that skipped its work
+    kept = [[{"round": r}] for r in range(8)]
+    for seed in range(200):
+        checked = _timed_outputs_to_check(rounds, kept, random.Random(seed))
+        assert len(checked) == VERIFIED_TIMED_CALLS
+        assert {"round": 5} in checked
+    # and the others are drawn: over many draws every other round gets checked too
+    drawn = {c["round"] for seed in range(200) for c in _timed_outputs_to_check(rounds, kept, random.Random(seed))}
+    assert drawn == set(range(8))
 
 
 def test_combine_rounds_refuses_mixed_methods_and_empty_input():
