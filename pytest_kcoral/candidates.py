@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_kcoral.cases import KCORAL_BENCH, Case
+from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError
 
 # Files beside bench.py that belong to the case, not to its candidates.
 _BENCH_CASE_FILES = {"bench.py", "baseline.py", "conftest.py", "__init__.py"}
@@ -26,11 +26,30 @@ class Candidate:
 
 
 def find_candidates(case: Case, submission_dirs: tuple[Path, ...] = ()) -> list[Candidate]:
-    """All candidates of ``case`` in a deterministic order: bundled first, then submissions."""
+    """All candidates of ``case`` in a deterministic order: bundled first, then submissions.
+
+    Raises ``CaseError`` when two files would get one name (a bundled ``teamB.py`` and a team
+    ``teamB``'s submission, or one team in two ``--kcoral-submissions`` folders): their items would
+    share ids, and one file's results would silently replace the other's."""
     found = _bundled(case)
     for root in submission_dirs:
         found.extend(_submitted(case, root))
+    files: dict[str, list[Path]] = {}
+    for candidate in found:
+        files.setdefault(candidate.name, []).append(candidate.path)
+    clashes = [f"'{name}' ({', '.join(map(_shown, paths))})" for name, paths in files.items() if len(paths) > 1]
+    if clashes:
+        raise CaseError(case.folder, f"two or more candidate files get one name: {'; '.join(clashes)}; their items would share"
+                        " ids and one file's results would replace the other's: rename a file or a team folder")
     return found
+
+
+def _shown(path: Path) -> str:
+    """A path as a user finds it: relative to the working directory when it lies below it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _py_files(folder: Path) -> list[Path]:

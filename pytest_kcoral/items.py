@@ -32,14 +32,14 @@ class CaseDirectory(pytest.Directory):
     def collect(self) -> Iterable[pytest.Item]:
         from pytest_kcoral.plugin import settings_key, submissions_matched_key
 
+        settings = self.config.stash[settings_key]
         try:
             case = load_case(self.path, self.config.rootpath)
+            candidates = find_candidates(case, settings.submissions)
         except CaseError as exc:
             # one broken case must not stop the others from running
             self.config.option.continue_on_collection_errors = True
             raise self.CollectError(str(exc)) from None
-        settings = self.config.stash[settings_key]
-        candidates = find_candidates(case, settings.submissions)
         self.config.stash.setdefault(submissions_matched_key, set()).update(c.path for c in candidates if c.team is not None)
         if not candidates and not settings.submissions:
             # a first case without its candidates/ folder would otherwise grade nothing in silence

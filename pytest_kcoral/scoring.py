@@ -146,6 +146,15 @@ class Quadrants:
     candidate_regressed: int = 0  # baseline correct, candidate wrong
     both_fail: int = 0
     candidate_improved: int = 0  # baseline wrong, candidate correct
+    # unseen items whose baseline is the case's reference (``baseline_correct`` None): correct by
+    # definition, so left out; counted so the summary can say how much of the suite the figure covers
+    left_out: int = 0
+
+    def note(self) -> str:
+        """What the figure leaves out, for the summary's quadrants line ('' when nothing)."""
+        if not self.left_out:
+            return ""
+        return f"; {self.left_out} unseen item(s) left out: their baseline is their case's reference"
 
     @property
     def conditional_correctness(self) -> float | None:
@@ -350,10 +359,13 @@ def score_candidates(items: Iterable[ItemResult]) -> list[CandidateScore]:
 
 
 def unseen_quadrants(items: Iterable[ItemResult]) -> Quadrants:
-    """Unseen items whose baseline was checked, sorted into the four quadrants."""
+    """Unseen items whose baseline was checked, sorted into the four quadrants (and the others counted)."""
     q = Quadrants()
     for it in graded(items):
-        if it.split != "unseen" or it.baseline_correct is None:
+        if it.split != "unseen":
+            continue
+        if it.baseline_correct is None:
+            q.left_out += 1
             continue
         # A candidate that failed to compile is wrong on that shape too.
         candidate_ok = it.correct is True

@@ -222,6 +222,32 @@ def test_a_submission_that_matches_no_case_is_named(pytester, make_case, run_kco
                                  " team-c/ad.py, team-c/mul/try1.py (a submission is <team>/<case>.py or*"])
 
 
+def test_two_files_that_would_get_one_candidate_name_are_a_collection_error(pytester, make_case, run_kcoral):
+    """A bundled teamB.py and team teamB's submission, or one team in two submissions folders,
+    would share item ids: one file's results replaced the other's in the JSON and the scores,
+    with no word said. The case is a collection error naming the files; the other cases run."""
+    make_case("cases/add", candidates={"teamB": "def run(a, b):\n    return a + b\n"})
+    make_case("cases/mul", candidates={})
+    for root, body in (("r1", "def run(a, b):\n    return a - b\n"), ("r2", "def run(a, b):\n    return a * b\n")):
+        (pytester.path / root / "teamB").mkdir(parents=True)
+        (pytester.path / root / "teamB" / "add.py").write_text(body)
+        (pytester.path / root / "teamX").mkdir(parents=True)
+        (pytester.path / root / "teamX" / "mul.py").write_text(body)
+    result = run_kcoral("cases", "--kcoral-submissions", "r1", "--kcoral-submissions", "r2", "--kcoral-mode", "correctness",
+                        "-m", "seen", "--kcoral-json", "out.json")
+    out = result.stdout.str()
+    assert "two or more candidate files get one name: 'teamB' (" in out
+    assert "'teamB' (cases/add/candidates/teamB.py, r1/teamB/add.py, r2/teamB/add.py)" in out
+    assert "'teamX' (r1/teamX/mul.py, r2/teamX/mul.py)" in out
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert len(doc["collection_errors"]) == 2 and doc["items"] == []
+    # without the clashes, the same files grade
+    shutil.rmtree(pytester.path / "r2")
+    (pytester.path / "cases/add/candidates/teamB.py").rename(pytester.path / "cases/add/candidates/bundled.py")
+    outcomes = run_kcoral("cases", "--kcoral-submissions", "r1", "--kcoral-mode", "correctness", "-m", "seen").parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 4 and "errors" not in outcomes, outcomes  # 2 cases x 2 candidates
+
+
 def test_a_case_without_candidates_says_so(make_case, run_kcoral):
     shutil.rmtree(make_case("cases/lonely") / "candidates")
     make_case("cases/add")

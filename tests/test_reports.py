@@ -78,7 +78,7 @@ def test_document_schema(tmp_path):
         ("cases/softmax", "naive"), ("cases/vector_add", "triton_v1"), ("cases/vector_add", "triton_v2")]
     assert doc["candidates"][1]["scored_speedup"] == pytest.approx(1.5)
     assert doc["suite"]["quadrants"] == {"both_pass": 1, "candidate_regressed": 1, "both_fail": 0,
-                                         "candidate_improved": 0}
+                                         "candidate_improved": 0, "left_out": 0}
     assert doc["leaderboard"][0]["team"] is None
     assert doc["weak_cases"] == [{"case": "cases/softmax", "shapes": ["n=4096"]}]
     assert doc["collection_errors"][0]["nodeid"] == "cases/bad"

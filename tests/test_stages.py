@@ -295,10 +295,14 @@ def test_a_baseline_that_keeps_state_across_calls_is_the_cases_failure(make_case
 
 def test_a_case_whose_baseline_is_its_reference_stays_out_of_the_quadrants(make_case, run_kcoral, pytester):
     make_case("cases/add", candidates={"good": GOOD})  # no baseline: the reference is timed
-    run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=2)
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["unseen P(candidate ok | baseline ok) -: *; 1 unseen item(s) left out: their baseline is their case's reference"])
     doc = json.loads((pytester.path / "out.json").read_text())
     assert [i["baseline_correct"] for i in doc["items"]] == [None] * 2  # nothing checked separately
-    assert set(doc["suite"]["quadrants"].values()) == {0} and doc["suite"]["conditional_correctness"] is None
+    quadrants = doc["suite"]["quadrants"]
+    assert quadrants.pop("left_out") == 1  # the unseen item, said in the summary
+    assert set(quadrants.values()) == {0} and doc["suite"]["conditional_correctness"] is None
 
 
 def test_baseline_correctness_is_recorded_when_the_candidate_does_not_compile(make_case, run_kcoral, pytester):

@@ -84,7 +84,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         f" mean generalization gap {fmt_pct(s.mean_generalization_gap)}",
         f"- unseen P(candidate correct | baseline correct) {fmt_pct(s.conditional_correctness)}"
         f" (both pass {q.both_pass}, regressed {q.candidate_regressed}, both fail {q.both_fail},"
-        f" improved {q.candidate_improved})",
+        f" improved {q.candidate_improved}{q.note()})",
     ]
     if s.pass_at_k:
         out.append("- pass@k: " + ", ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))

@@ -78,7 +78,7 @@ def suite_lines(scores: Scores) -> list[str]:
         f"  mean gap {fmt_pct(s.mean_generalization_gap)}",
         f"unseen P(candidate ok | baseline ok) {fmt_pct(s.conditional_correctness)}:"
         f" both pass {q.both_pass}, regressed {q.candidate_regressed},"
-        f" both fail {q.both_fail}, improved {q.candidate_improved}",
+        f" both fail {q.both_fail}, improved {q.candidate_improved}{q.note()}",
     ]
     if s.pass_at_k:
         lines.append("pass@k " + "  ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
