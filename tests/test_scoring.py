@@ -367,3 +367,24 @@ def test_correct_pairs_without_any_timing_have_no_fast_p():
     assert "fast_0 - fast_1 - fast_1.5 - fast_2 -  (nothing timed: --kcoral-mode correctness measures no speed)" in suite_lines(scoring.score([item()]))
     timed = scoring.score([item(speedup=2.0), item(candidate="v2")]).suite
     assert timed.timed and timed.fast_p["1"] == pytest.approx(0.5)
+
+
+def test_an_untimed_run_shows_no_bench_lite_score():
+    """bench-lite is earned by speed alone: in a run that timed nothing, 0.0 for a correct pair
+    (and a leaderboard of zeros) read as measured and lost. The reports show '-' there."""
+    from pytest_kcoral.report.step_summary import render_markdown
+    from pytest_kcoral.report.terminal import suite_lines, table_lines
+
+    untimed = scoring.score([item(team="a"), item(candidate="v2", team="b", correct=False)])
+    row = table_lines(untimed)[1]
+    assert row.split()[-1] == "-", row  # the bench column
+    lines = suite_lines(untimed)
+    assert "bench-lite total (tier-weighted) -" in lines
+    assert [line.split()[2] for line in lines if line.lstrip()[:2] in ("1.", "2.")] == ["-", "-"]  # leaderboard
+    markdown = render_markdown(untimed)
+    assert "(nothing timed: --kcoral-mode correctness measures no speed)" in markdown
+    assert "- bench-lite total (tier-weighted) -" in markdown
+    # timed: the figures are shown, 0.0 included
+    timed = scoring.score([item(speedup=0.5, team="a"), item(candidate="v2", team="b", correct=False)])
+    assert "bench-lite total (tier-weighted) 30.0" in suite_lines(timed)
+    assert table_lines(timed)[2].split()[-1] == "0.0"

@@ -38,6 +38,15 @@ def no_seen_note(candidates: Sequence[CandidateScore]) -> str | None:
             " (no correctness points, bench-lite 0) until their seen shapes run")
 
 
+NOTHING_TIMED_NOTE = "(nothing timed: --kcoral-mode correctness measures no speed)"
+
+
+def fmt_speed_score(value: float | None, timed: bool) -> str:
+    """A score that only speed earns (bench-lite): '-' when the run timed nothing, where 0.0
+    would read as measured and lost (``SuiteScore.timed``)."""
+    return fmt_score(value) if timed else "-"
+
+
 HOST_SET_MARK = "~"
 # fits the 100-column terminal table
 HOST_SET_NOTE = "~ the host's speed sets part of this mean: the GPU idled between launches for 5%+ of a span"

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from pytest_kcoral.report import (
     HOST_SET_MARK,
+    NOTHING_TIMED_NOTE,
     collection_error_line,
     fmt_bool,
     fmt_mean_speedup,
@@ -17,6 +18,7 @@ from pytest_kcoral.report import (
     fmt_pct,
     fmt_rates,
     fmt_score,
+    fmt_speed_score,
     fmt_speedup,
     fmt_unseen,
     host_set_note,
@@ -61,7 +63,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
             f"`{c.case}`", f"`{c.candidate}`", fmt_bool(c.compiled), fmt_bool(c.correct_seen),
             _marked(c.mean_speedup_seen, c.host_set_seen), fmt_unseen(c.correct_unseen),
             _marked(c.mean_speedup_unseen, c.host_set_unseen), fmt_pct(c.generalization_gap),
-            fmt_score(c.aka_score), fmt_score(c.bench_lite),
+            fmt_score(c.aka_score), fmt_speed_score(c.bench_lite, s.timed),
         )) + " |")
     note = host_set_note(scores.candidates)
     if note:
@@ -76,6 +78,8 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
                 f"`{c.case}`", f"`{c.candidate}`", f"`{sol['shape_id']}`", fmt_rates(sol), fmt_of_peak(sol), fmt_rates(sol, "baseline"),
             )) + " |")
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
+    if s.pairs and all(v is None for v in s.fast_p.values()):  # as the terminal says it
+        fast += " " + NOTHING_TIMED_NOTE
     out += [
         "",
         f"- pairs {s.pairs}: compiled {fmt_pct(s.compile_rate)}, correct {fmt_pct(s.correctness_rate)}",
@@ -88,7 +92,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     ]
     if s.pass_at_k:
         out.append("- pass@k: " + ", ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
-    out.append(f"- bench-lite total (tier-weighted) {fmt_score(s.bench_lite_total)}")
+    out.append(f"- bench-lite total (tier-weighted) {fmt_speed_score(s.bench_lite_total, s.timed)}")
     note = no_seen_note(scores.candidates)
     if note:
         out.append(f"- **{_cell(note)}**")
@@ -107,7 +111,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out += ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
         for e in scores.leaderboard:
             team = _cell(e.team) if e.team is not None else "(bundled)"
-            out.append(f"| {e.rank} | {team} | {fmt_score(e.bench_lite_total)} |"
+            out.append(f"| {e.rank} | {team} | {fmt_speed_score(e.bench_lite_total, s.timed)} |"
                        f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
     if compare is not None and (compare.regressions or caveats(compare)):
         out += ["", f"**{len(compare.regressions)} regression(s)** against `{compare.path}`:", ""]

@@ -12,12 +12,14 @@ from typing import Sequence
 import pytest
 
 from pytest_kcoral.report import (
+    NOTHING_TIMED_NOTE,
     collection_error_line,
     fmt_bool,
     fmt_mean_speedup,
     fmt_methods,
     fmt_pct,
     fmt_score,
+    fmt_speed_score,
     fmt_speedup,
     fmt_unseen,
     host_set_note,
@@ -57,7 +59,7 @@ def table_lines(scores: Scores) -> list[str]:
             fmt_mean_speedup(c.mean_speedup_unseen, c.host_set_unseen),
             fmt_pct(c.generalization_gap),
             fmt_score(c.aka_score),
-            fmt_score(c.bench_lite),
+            fmt_speed_score(c.bench_lite, scores.suite.timed),
         ]))
     note = host_set_note(scores.candidates)
     if note:
@@ -72,8 +74,7 @@ def suite_lines(scores: Scores) -> list[str]:
     lines = [
         f"pairs {s.pairs}  compiled {fmt_pct(s.compile_rate)}  correct {fmt_pct(s.correctness_rate)}",
         # pairs but no fast_p at all: correct pairs, nothing timed (``score_suite``)
-        fast + "  (nothing timed: --kcoral-mode correctness measures no speed)"
-        if s.pairs and all(v is None for v in s.fast_p.values()) else fast,
+        fast + "  " + NOTHING_TIMED_NOTE if s.pairs and all(v is None for v in s.fast_p.values()) else fast,
         f"speedup mean {fmt_speedup(s.mean_speedup)}  geomean {fmt_speedup(s.geomean_speedup)}"
         f"  mean gap {fmt_pct(s.mean_generalization_gap)}",
         f"unseen P(candidate ok | baseline ok) {fmt_pct(s.conditional_correctness)}:"
@@ -82,7 +83,7 @@ def suite_lines(scores: Scores) -> list[str]:
     ]
     if s.pass_at_k:
         lines.append("pass@k " + "  ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
-    lines.append(f"bench-lite total (tier-weighted) {fmt_score(s.bench_lite_total)}")
+    lines.append(f"bench-lite total (tier-weighted) {fmt_speed_score(s.bench_lite_total, s.timed)}")
     note = no_seen_note(scores.candidates)
     if note:
         lines.append(note)
@@ -91,7 +92,7 @@ def suite_lines(scores: Scores) -> list[str]:
         for e in scores.leaderboard:
             team = e.team if e.team is not None else "(bundled)"
             lines.append(
-                f"  {e.rank:>2}. {_clip(team, 30):<30} {fmt_score(e.bench_lite_total):>8}"
+                f"  {e.rank:>2}. {_clip(team, 30):<30} {fmt_speed_score(e.bench_lite_total, s.timed):>8}"
                 f"  correct {e.cases_correct}/{e.cases}  mean {fmt_speedup(e.mean_speedup)}")
     for w in scores.weak_cases:
         lines.append(f"WEAK case {w.case}: zeros or a constant match the reference on "
