@@ -33,9 +33,9 @@ from pytest_kcoral.timing import pinning
 VERIFIED_TIMED_CALLS = 2
 BASELINE_PROBLEMS_KEPT = 5  # lines of why a baseline is wrong, per item in the JSON
 TIMING_INPUT_SETS = 3
-# Per side, interleaved (see LocalExecutor._time). Short rounds: the host's speed changes within
-# a second or so, and a side's rounds timed at the slower speed are left out
-# (``timing.combine_rounds``), so the more rounds, the likelier each side has some at full speed.
+# Per side, interleaved (see LocalExecutor._time). Short rounds: one process's speed changes within
+# a second or so, and a pair of rounds it slowed is left out (``timing.undisturbed_pairs``); with
+# more pairs, more of them are left undisturbed.
 TIMING_ROUNDS = 8
 _WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
 
@@ -560,7 +560,8 @@ class LocalExecutor:
         # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
         # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
         # in one process, see docs/performance.md), and a drift then hits both sides alike; a
-        # slowdown of one process alone is left out with the rounds it slowed. The
+        # slowdown of one process alone moves its pair of rounds' ratio, and the pair is left out
+        # (``timing.undisturbed_pairs``). The
         # candidate keeps timed outputs in every round; one of its fastest round's is checked
         # against the reference, and others drawn here from the session seed, so no round is
         # safe to cheat in (``_timed_outputs_to_check``).
@@ -596,11 +597,15 @@ class LocalExecutor:
             second(r)
         floor, cost = self._cost(spec, trusted, device)
         try:
-            baseline_stats = timing.combine_rounds(base_rounds)
+            kept = timing.undisturbed_pairs(base_rounds, cand_rounds)
+        except ValueError:
+            kept = None  # a side without samples: its combine_rounds below says which
+        try:
+            baseline_stats = timing.combine_rounds(base_rounds, keep=kept)
         except ValueError as exc:
             raise StageFailed("timing", f"the baseline's timing rounds disagree: {exc}", "baseline") from exc
         try:
-            candidate_stats = timing.combine_rounds(cand_rounds)
+            candidate_stats = timing.combine_rounds(cand_rounds, keep=kept)
         except ValueError as exc:
             raise StageFailed("timing", f"the candidate's timing rounds disagree: {exc}", "timing") from exc
         result.baseline_timing = baseline_stats.to_dict()
@@ -611,7 +616,7 @@ class LocalExecutor:
         result.speedup = speedup_between(baseline_stats, candidate_stats)
         # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
         result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
-        checked = _timed_outputs_to_check(cand_rounds, verify, random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")))
+        checked = _timed_outputs_to_check(cand_rounds, verify, kept, random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")))
         with timed_phase(result, "verify"):
             self._verify_timed_outputs(trusted, checked, spec, device, tol, written_inputs)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
@@ -687,17 +692,18 @@ class LocalExecutor:
                               disqualifies=True)
 
 
-def _timed_outputs_to_check(rounds: list[TimingStats], kept: list[list[dict]], rng: random.Random) -> list[dict]:
-    """``VERIFIED_TIMED_CALLS`` of the candidate's kept timed outputs (``kept``: per round): one
-    of its fastest round's, since that round always sets its time (``timing.combine_rounds``
-    leaves out rounds slower by more than a margin, so a round made fast by skipping work would
-    otherwise be the time and go unchecked), the rest drawn from all the others."""
-    timed = [r for r in timing.undisturbed_rounds(rounds) if kept[r]]
+def _timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[dict]], kept_rounds: list[int] | None,
+                            rng: random.Random) -> list[dict]:
+    """``VERIFIED_TIMED_CALLS`` of the candidate's kept timed outputs (``kept_outputs``: per
+    round): one of its fastest round's among those that set its time (``kept_rounds``, from
+    ``timing.undisturbed_pairs``; None: all), the rest drawn from all the others. A candidate
+    that skips its work to be fast is fastest where it skipped, and that round is always checked."""
+    timed = [r for r in (range(len(rounds)) if kept_rounds is None else kept_rounds) if kept_outputs[r]]
     if not timed:
         return []
     fastest = min(timed, key=lambda r: rounds[r].median_us)
-    first = kept[fastest][rng.randrange(len(kept[fastest]))]
-    others = [v for r, entries in enumerate(kept) for v in entries if v is not first]
+    first = kept_outputs[fastest][rng.randrange(len(kept_outputs[fastest]))]
+    others = [v for entries in kept_outputs for v in entries if v is not first]
     return [first, *rng.sample(others, min(len(others), VERIFIED_TIMED_CALLS - 1))]
 
 
