@@ -561,10 +561,9 @@ class LocalExecutor:
         # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
         # in one process, see docs/performance.md), and a drift then hits both sides alike; a
         # slowdown of one process alone moves its pair of rounds' ratio, and the pair is left out
-        # (``timing.undisturbed_pairs``). The
-        # candidate keeps timed outputs in every round; one of its fastest round's is checked
-        # against the reference, and others drawn here from the session seed, so no round is
-        # safe to cheat in (``_timed_outputs_to_check``).
+        # (``timing.undisturbed_pairs``). The candidate keeps timed outputs in every round; one of
+        # its fastest round's is checked against the reference, and others drawn here from the
+        # session seed, so no round is safe to cheat in (``_timed_outputs_to_check``).
         keep = max(1, VERIFIED_TIMED_CALLS // rounds)
         # Both sides run one harness with one set of fields: the baseline's child keeps timed
         # outputs as the candidate's does, then drops them, since keeping them allocates between
@@ -699,6 +698,7 @@ def _timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[d
     ``timing.undisturbed_pairs``; None: all), the rest drawn from all the others. A candidate
     that skips its work to be fast is fastest where it skipped, and that round is always checked."""
     timed = [r for r in (range(len(rounds)) if kept_rounds is None else kept_rounds) if kept_outputs[r]]
+    timed = timed or [r for r in range(len(rounds)) if kept_outputs[r]]  # the kept rounds kept no output: any round's
     if not timed:
         return []
     fastest = min(timed, key=lambda r: rounds[r].median_us)

@@ -35,7 +35,7 @@ class TimingStats:
     same_work_every_call: bool | None = None  # every timed call launched the same set of kernels
     flags: list[str] = field(default_factory=list)
     rounds: int = 1  # timing rounds timed, interleaved with the other side's
-    rounds_dropped: int = 0  # of those, left out as disturbed (``timing.combine_rounds``)
+    rounds_dropped: int = 0  # of those, left out with the other side's as a disturbed pair (``timing.undisturbed_pairs``)
     round_medians_us: list[float] | None = None  # each round's median, in time order
     samples_us: list[float] | None = None  # per timed call, in call order (dropped once merged)
 

@@ -331,6 +331,12 @@ def test_a_pair_of_rounds_one_process_slowed_is_left_out():
     assert b.median_us / c.median_us == pytest.approx(1.0, abs=0.01)
     assert b.round_medians_us == [r.median_us for r in base]
     assert any(f.startswith("rounds_dropped=3/8: ") for f in b.flags), b.flags
+    # what the callable did in a round left out still counts: it launched other kernels there
+    for r in cand:
+        r.same_work_every_call = True
+    cand[3].same_work_every_call, cand[3].flags = False, ["events_side_work: ..."]
+    odd = timing.combine_rounds(cand, keep=kept)
+    assert odd.same_work_every_call is False and "events_side_work: ..." in odd.flags
     # a slowdown of the whole host hits both rounds of a pair: its ratio is fine, the pair stays
     both = timing.undisturbed_pairs(_rounds([41.0, 60.0, 41.0, 41.0]), _rounds([41.0, 60.5, 41.2, 40.9]))
     assert both == [0, 1, 2, 3]

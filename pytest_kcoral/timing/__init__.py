@@ -535,8 +535,9 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
     the rounds in ``keep`` together (``undisturbed_pairs``; None: every round). Raises
     ``ValueError`` when the rounds were timed by different methods or none kept has samples.
 
-    ``rounds_dropped`` and a flag say what was left out; ``round_medians_us`` keeps every round's
-    median, so the choice can be checked."""
+    The figures come from the kept rounds; what the callable did (its flags, ``host_bound``,
+    ``same_work_every_call``) from every round. ``rounds_dropped`` and a flag say what was left
+    out; ``round_medians_us`` keeps every round's median, so the choice can be checked."""
     if not rounds:
         raise ValueError("no timing rounds to combine")
     methods = sorted({r.method for r in rounds})
@@ -550,10 +551,11 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
     rse = stats.rse_of_median(ordered)
     flags: list[str] = []
     seen_kinds: set[str] = set()
-    for flag in (f for r in kept for f in r.flags):
+    for flag in (f for r in rounds for f in r.flags):
         kind = flag.split("=", 1)[0].split(":", 1)[0]
-        # one of each kind (a per-round figure, such as the events bias, is shown from the first
-        # kept round); the convergence verdict is recomputed below from the kept samples
+        # one of each kind, from every round, left out or not (a per-round figure, such as the
+        # events bias, is shown from the first round); the convergence verdict is recomputed below
+        # from the kept samples
         if kind in seen_kinds or kind == "rse_target_missed":
             continue
         seen_kinds.add(kind)
@@ -569,7 +571,7 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
         return None if any(v is None for v in values) else stats.median(sorted(values))  # type: ignore[arg-type]
 
     records = median_of([r.records for r in kept])
-    same = [r.same_work_every_call for r in kept]
+    same = [r.same_work_every_call for r in rounds]  # what the callable did: every round counts
     return TimingStats(
         method=methods[0],
         median_us=stats.grouped_median(ordered),
@@ -580,7 +582,7 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
         busy_us=median_of([r.busy_us for r in kept]),
         records=None if records is None else int(round(records)),
         host_median_us=median_of([r.host_median_us for r in kept]),
-        host_bound=any(r.host_bound for r in kept),
+        host_bound=any(r.host_bound for r in rounds),
         same_work_every_call=None if any(v is None for v in same) else all(same),
         flags=flags,
         rounds=len(rounds),
