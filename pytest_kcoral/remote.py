@@ -98,17 +98,11 @@ class RemoteExecutor(LocalExecutor):
 
         self.url = url
         self.client, health = connect(url)
-        device_kind = "cuda" if int(health.get("gpu_count") or 0) > 0 else "cpu"
+        device_kind = _device_kind(health)
         # the server owns leases: no local lease is taken for remote items
         super().__init__(settings, lease_factory=_no_lease, device_kind=device_kind)
         self.worker_device = "cuda:0" if device_kind == "cuda" else "cpu"  # a worker sees its own GPU(s) only
-        self.server = {
-            "url": url,
-            "instance_id": health.get("instance_id"),
-            "gpu_count": health.get("gpu_count"),
-            "target": health.get("target"),
-            "versions": health.get("versions"),
-        }
+        self.server = _server_info(url, health)
         self._bootstrap = BOOTSTRAP_SOURCE
         self._harness = _harness_files()
         self._programs: list[dict[str, Any]] = []
@@ -120,6 +114,10 @@ class RemoteExecutor(LocalExecutor):
 
     def run(self, spec: ItemSpec) -> ItemResult:
         self._programs = []
+        # who serves this item: a server restarted since the last item is another instance
+        fresh = _health(self.url)
+        if fresh is not None and fresh[0] == 200:
+            self.server = _server_info(self.url, fresh[1])
         result = super().run(spec)
         if result.outcome != "skipped" or self._programs:
             result.extra["remote"] = dict(self.server, programs=self._programs)
@@ -343,19 +341,51 @@ class ServiceDown(Exception):
     """The KCoral service stopped answering, or has no worker left, while a program was out."""
 
 
-def _watch_health(url: str) -> str | None:
-    """Why the service at ``url`` cannot finish a program now, or None while it is healthy."""
+def _health(url: str) -> tuple[int, dict[str, Any]] | None:
+    """The service's ``/health`` (HTTP status, body), or None when it does not answer within
+    ``HEALTH_TIMEOUT_S`` (the kcoral client's own call has no read timeout)."""
     import httpx
 
     try:
         response = httpx.get(f"{url.rstrip('/')}/health", timeout=HEALTH_TIMEOUT_S)
         body = response.json()
-    except Exception as exc:  # noqa: BLE001 - any failure to answer is the finding
-        return f"its health check got no answer within {HEALTH_TIMEOUT_S:.0f} s ({type(exc).__name__})"
-    capacity = (body.get("load") or {}).get("request_capacity") if isinstance(body, dict) else None
-    if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "ok" or capacity == 0:
-        return f"its health check says status {body.get('status') if isinstance(body, dict) else '?'!r}, capacity {capacity} (no worker left)"
+    except Exception:  # noqa: BLE001 - any failure to answer is the finding
+        return None
+    return response.status_code, body if isinstance(body, dict) else {}
+
+
+def _watch_health(url: str) -> str | None:
+    """Why the service at ``url`` cannot finish a program now, or None while it is healthy."""
+    answer = _health(url)
+    if answer is None:
+        return f"its health check got no answer within {HEALTH_TIMEOUT_S:.0f} s"
+    return _unhealthy(*answer)
+
+
+def _unhealthy(http_status: int, body: dict[str, Any]) -> str | None:
+    """What a ``/health`` answer says is wrong, or None for a service that can finish programs.
+
+    Only the status counts. A router with no server node left answers 503, status 'unavailable'.
+    ``load.request_capacity`` is 0 on a healthy server too, while it replaces a worker (after every
+    program, by default) and so, often, while it is busy: one poll in eight read 0 on an idle
+    one-worker server with a request waiting, one in two under load."""
+    if http_status != 200 or body.get("status") != "ok":
+        return f"its health check says status {body.get('status')!r} (HTTP {http_status})"
     return None
+
+
+def _device_kind(health: dict[str, Any]) -> str:
+    """'cuda' when the service's workers have GPUs: a server counts them (``gpu_count``); a router
+    does not (null), but passes on its nodes' compile target, which names a GPU architecture
+    (``{"arch": "sm_90a"}``) and is empty for CPU workers."""
+    gpus = health.get("gpu_count")
+    target = health.get("target") if isinstance(health.get("target"), dict) else {}
+    return "cuda" if (isinstance(gpus, int) and gpus > 0) or target.get("arch") else "cpu"
+
+
+def _server_info(url: str, health: dict[str, Any]) -> dict[str, Any]:
+    """What the JSON records of the service that ran an item (``extra.remote``)."""
+    return {"url": url, **{key: health.get(key) for key in ("instance_id", "gpu_count", "target", "versions")}}
 
 
 class RemoteTrusted:

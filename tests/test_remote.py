@@ -442,3 +442,105 @@ def test_a_server_that_stops_answering_stops_the_session_and_blames_no_one(make_
     assert item["outcome"] == "failed" and item["extra"]["service_unavailable"] is True
     assert not item["case_failed"] and "the case itself failed" not in item["message"]
     assert doc["candidates"] == [] and doc["failed_cases"] == []  # no one is scored or blamed for it
+
+
+def _start_router(workdir: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(workdir / "router.log", "wb") as log:
+        router = subprocess.Popen([sys.executable, "-m", "kcoral", "router", "--host", "127.0.0.1", "--port", str(port)],
+                                  cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + SERVER_START_S
+    while pytest_kcoral.remote._health(url) is None:
+        if router.poll() is not None or time.monotonic() > deadline:
+            router.kill()
+            pytest.skip(f"the kcoral router did not start: {_tail(workdir / 'router.log')}")
+        time.sleep(0.5)
+    return router, url
+
+
+def test_only_the_health_status_says_a_service_is_down(kcoral_url, tmp_path):
+    """A healthy server reads capacity 0 while it replaces a worker, which it does after every
+    program by default: one health poll in eight on a one-worker server with a request waiting,
+    one in two under load. Taken for 'no worker left', that stopped the session on a shared,
+    busy server. What a service that cannot finish programs says is its status: a router whose
+    last node is gone answers 503, 'unavailable'."""
+    from pytest_kcoral.remote import _health, _unhealthy
+
+    status, body = _health(kcoral_url)
+    assert status == 200 and _unhealthy(status, body) is None
+    busy = dict(body, load=dict(body["load"], request_capacity=0, requests_waiting=1))  # as such a poll reads
+    assert _unhealthy(200, busy) is None
+    router, url = _start_router(tmp_path)  # no node behind it
+    try:
+        status, body = _health(url)
+        assert (status, body["status"]) == (503, "unavailable")
+        assert _unhealthy(status, body) == "its health check says status 'unavailable' (HTTP 503)"
+    finally:
+        router.terminate()
+        router.wait(20)
+
+
+def test_a_router_in_front_of_gpu_servers_is_graded_as_a_gpu(kcoral_router_url):
+    """A router does not count its nodes' GPUs (``gpu_count`` null), so a GPU cluster behind one was
+    graded as a CPU: Triton in its interpreter, gpu_only shapes skipped, the wall clock. Its nodes'
+    compile target names the GPU architecture, and is empty for CPU workers."""
+    from pytest_kcoral.remote import _device_kind, _health
+
+    status, body = _health(kcoral_router_url)  # CPU nodes behind a real router
+    assert status == 200 and body["gpu_count"] is None and body["target"] == {}
+    assert _device_kind(body) == "cpu"
+    assert _device_kind(dict(body, target={"arch": "sm_90a"})) == "cuda"  # what a GPU node's workers report
+    assert _device_kind(dict(body, gpu_count=2)) == "cuda"  # a GPU server counts its GPUs
+
+
+def test_items_after_a_server_restart_name_the_new_instance(make_case, pytester, own_server, tmp_path):
+    """The server's identity was read once, at connect: after a restart every later item named an
+    instance that no longer existed. It is read again for every item."""
+    import signal
+
+    server, url = own_server
+    make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n"})
+    make_case("cases/mul", candidates={"good": "def run(a, b):\n    return a + b\n"})
+    paused, resume = pytester.path / "paused", pytester.path / "resume"
+    # a plain test between the two cases' items: the server is restarted while it waits
+    (pytester.path / "pause").mkdir()
+    (pytester.path / "pause" / "test_pause.py").write_text(
+        "import pathlib, time\n\ndef test_pause():\n"
+        f"    pathlib.Path({str(paused)!r}).touch()\n"
+        f"    while not pathlib.Path({str(resume)!r}).exists():\n        time.sleep(0.2)\n")
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases/add", "pause", "cases/mul",
+                                "--kcoral-url", url, "--kcoral-mode", "correctness", "--kcoral-json", "out.json"],
+                               cwd=pytester.path, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    second = None
+    try:
+        deadline = time.monotonic() + 180
+        while not paused.exists():
+            assert time.monotonic() < deadline and session.poll() is None, "the pause was never reached"
+            time.sleep(0.2)
+        first_id = pytest_kcoral.remote._health(url)[1]["instance_id"]
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+        port = url.rsplit(":", 1)[1]
+        with open(tmp_path / "second-server.log", "wb") as log:
+            second = subprocess.Popen([sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1", "--port", port,
+                                       "--num-workers", "1", "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""],
+                                      cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        reason = _wait_until_ready(second, url, tmp_path / "second-server.log")
+        assert reason is None, reason
+        second_id = pytest_kcoral.remote._health(url)[1]["instance_id"]
+        resume.touch()
+        out, _ = session.communicate(timeout=180)
+    finally:
+        if session.poll() is None:
+            session.kill()
+        if second is not None:
+            os.killpg(second.pid, 9)
+            second.wait(10)
+    assert session.returncode == 0, out.decode(errors="replace")[-3000:]
+    items = json.loads((pytester.path / "out.json").read_text())["items"]
+    ids: dict[str, set[str]] = {}
+    for item in items:
+        ids.setdefault(item["case"], set()).add(item["extra"]["remote"]["instance_id"])
+    assert first_id != second_id
+    assert ids == {"cases/add": {first_id}, "cases/mul": {second_id}}, (ids, out.decode(errors="replace")[-3000:])
