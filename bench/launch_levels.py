@@ -43,18 +43,13 @@ def _worker(draws: int, budget: float, device: str) -> None:
     import torch
 
     import pytest_kcoral
-    from launch_drift import _probes
+    from launch_drift import _probes, softmax_chain, softmax_input
     from pytest_kcoral.timing import pinning, placement
 
     core = pinning.choose(int(device.partition(":")[2] or 0))
 
-    def softmax_chain(x):
-        shifted = x - x.amax(dim=-1, keepdim=True)
-        e = torch.exp(shifted)
-        return e / e.sum(dim=-1, keepdim=True)
-
     def make(_seed: int) -> tuple:
-        return (3.0 * torch.randn(7, 100, device=device),)
+        return softmax_input(device)
 
     def draw() -> tuple[list[tuple], placement.Placements]:
         spread = placement.Placements(device, random.Random())
