@@ -93,8 +93,6 @@ def _serve(device: str, recv: Callable[[], float | None], send: Callable[[dict],
     ``pad_seed`` (the same pads in both workers of a pair)."""
     import random
 
-    import torch
-
     import pytest_kcoral
     from pytest_kcoral.timing import pinning, placement
 
