@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import random
 import re
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
@@ -257,7 +259,9 @@ class LocalExecutor:
             deadline += lease.wait_ms / 1000.0
             candidate.deadline = deadline
             # the candidate's process ends before the device is given back: nothing it left
-            # running (a thread, a kernel queue) may overlap the next holder's measurements
+            # running (a thread, a kernel queue) may overlap the next holder's measurements; then
+            # the kept children it may have stopped run again (callbacks run last-in, first-out)
+            stack.callback(self._resume_kept_children)
             stack.callback(candidate.close)
             if isinstance(baseline, Child):
                 baseline.deadline = deadline
@@ -486,6 +490,17 @@ class LocalExecutor:
         except ChildFailure as failure:
             self._forget(baseline)
             self._raise_case_failure(failure, phase)
+
+    def _resume_kept_children(self) -> None:
+        """SIGCONT to the kept trusted and baseline children. A candidate runs as the same user as
+        they do, and can stop them (SIGSTOP); once its process is gone, a child it left stopped
+        would hang the next item of its case, and that item would read as the case's failure."""
+        for kept in (self._trusted, self._baselines):
+            for child in kept.values():
+                pid = getattr(child.process, "pid", None)
+                if pid is not None and child.process.exitcode is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGCONT)
 
     def _forget(self, child: Any) -> None:
         """Never reuse a kept child that failed: it may be dead, hung or in a bad state."""

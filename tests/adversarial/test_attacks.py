@@ -411,3 +411,33 @@ def test_a_forged_structure_report_is_refused(make_case, run_kcoral):
     result = _grade(make_case, run_kcoral, FORGED_STRUCTURE, *CORRECTNESS)
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*kcoral correctness failed: the candidate's child reported an unreadable output structure ?'yes', 'yes', 'yes'? (results forged?)*"])
+
+
+STOPS_ITS_SIBLINGS = """
+import os
+import signal
+
+def run(a, b):
+    # every other child of the process this one was forked from: the case's trusted child among them
+    me, parent = os.getpid(), os.getppid()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == parent and int(pid) != me:
+                os.kill(int(pid), signal.SIGSTOP)
+        except (OSError, ValueError):
+            pass
+    return a + b
+"""
+
+
+def test_kept_children_a_candidate_stopped_run_again_for_the_next_item(make_case, run_kcoral):
+    """A candidate runs as the same user as the case's kept children and can SIGSTOP them. Left
+    stopped after its process was gone, the trusted child hung the next item of the case, which
+    then read as the case's failure: every later candidate failed. After each candidate's process
+    ends, the kept children get SIGCONT."""
+    make_case("cases/add", candidates={"attack": STOPS_ITS_SIBLINGS, "later": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "20", "-p", "no:randomly", "-v")
+    result.assert_outcomes(passed=4)  # both shapes of both candidates; the later ones need the trusted child
+    assert "the case itself failed" not in result.stdout.str()
