@@ -331,10 +331,7 @@ class LocalExecutor:
                     child.close()
                 self._skip_if_case_needs_cuda(failure)
                 return StageFailed("timing", CASE_FAILED_PREFIX + _describe_child_failure("timing", failure), failure.phase, case_failed=True)
-        self._baselines[key] = child  # most recently used last
-        while len(self._baselines) > MAX_TRUSTED_CHILDREN:
-            self._baselines.pop(next(iter(self._baselines))).close()
-        return child
+        return _keep(self._baselines, key, child)
 
     def _require_case_as_collected(self, case: Case, stage: str, phase: str) -> None:
         """Before a child imports the case: its files as they were at collection, or the case's
@@ -461,10 +458,7 @@ class LocalExecutor:
             self._require_case_as_collected(case, "correctness", "reference")
             child = Child("trusted", self._case_spec(case), self._child_env(), deadline, f"reference:{case.case_id}", self.sandbox)
         child.deadline = deadline
-        self._trusted[key] = child  # most recently used last
-        while len(self._trusted) > MAX_TRUSTED_CHILDREN:
-            self._trusted.pop(next(iter(self._trusted))).close()
-        return child
+        return _keep(self._trusted, key, child)
 
     def close(self) -> None:
         """End the trusted and baseline children (the session is over)."""
@@ -497,10 +491,9 @@ class LocalExecutor:
         would hang the next item of its case, and that item would read as the case's failure."""
         for kept in (self._trusted, self._baselines):
             for child in kept.values():
-                pid = getattr(child.process, "pid", None)
-                if pid is not None and child.process.exitcode is None:
+                if child.process.exitcode is None:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGCONT)
+                        os.kill(child.process.pid, signal.SIGCONT)
 
     def _forget(self, child: Any) -> None:
         """Never reuse a kept child that failed: it may be dead, hung or in a bad state."""
@@ -568,10 +561,7 @@ class LocalExecutor:
                 raise StageFailed("timing", CASE_FAILED_PREFIX + "its baseline, run on the correctness inputs in the process that times it,"
                                   " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
                                   + _one_screen(problems), "baseline", case_failed=True)
-        budget = self._timing_budget_s()
         rounds = self.timing_rounds
-        common = dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds,
-                      timer=self.settings.timer, cpu=cpu)
         # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
         # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
         # in one process, see docs/performance.md), and a drift then hits both sides alike; a
@@ -579,11 +569,11 @@ class LocalExecutor:
         # (``timing.undisturbed_pairs``). The candidate keeps timed outputs in every round; one of
         # its fastest round's is checked against the reference, and others drawn here from the
         # session seed, so no round is safe to cheat in (``_timed_outputs_to_check``).
-        keep = max(1, VERIFIED_TIMED_CALLS // rounds)
         # Both sides run one harness with one set of fields: the baseline's child keeps timed
         # outputs as the candidate's does, then drops them, since keeping them allocates between
         # timed calls and a small kernel's time follows where its outputs land.
-        timed_alike = dict(common, verify=keep, written_inputs=list(written_inputs))
+        timed_alike = dict(self._time_fields(spec, ref, device), cpu=cpu)
+        keep = timed_alike["verify"]
         base_rounds: list[TimingStats] = []
         cand_rounds: list[TimingStats] = []
         verify: list[list[dict]] = []  # per candidate round, the timed outputs it kept
@@ -646,9 +636,14 @@ class LocalExecutor:
                     "timing",
                 )
 
-    def _timing_budget_s(self) -> float:
-        """Per callable, all rounds together: --kcoral-timing-budget, or the device's default."""
-        return self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
+    def _time_fields(self, spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str, Any]:
+        """One round's ``time`` command, the same for both sides, locally and remotely: the
+        timing budget per callable (--kcoral-timing-budget, or the device's default) split over
+        ``timing_rounds``, and the timed outputs each round keeps for the check."""
+        budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
+        rounds = self.timing_rounds
+        return dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds, timer=self.settings.timer,
+                    verify=max(1, VERIFIED_TIMED_CALLS // rounds), written_inputs=list(ref.written_inputs))
 
     def _cost(self, spec: ItemSpec, trusted: Callable[[], Child], device: str) -> tuple[dict | None, dict | None]:
         """The physical floor (a bandwidth measurement, under the lease) and the case's cost at
@@ -706,6 +701,15 @@ class LocalExecutor:
                               disqualifies=True)
 
 
+def _keep(kept: dict[tuple[str, str], Child], key: tuple[str, str], child: Child) -> Child:
+    """``child`` as the most recently used of ``kept`` (a case's trusted or baseline children);
+    beyond ``MAX_TRUSTED_CHILDREN``, the least recently used one is closed."""
+    kept[key] = child  # most recently used last
+    while len(kept) > MAX_TRUSTED_CHILDREN:
+        kept.pop(next(iter(kept))).close()
+    return child
+
+
 def _timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[dict]], kept_rounds: list[int] | None,
                             rng: random.Random) -> list[dict]:
     """``VERIFIED_TIMED_CALLS`` of the candidate's kept timed outputs (``kept_outputs``: per
@@ -713,7 +717,6 @@ def _timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[d
     ``timing.undisturbed_pairs``; None: all), the rest drawn from all the others. A candidate
     that skips its work to be fast is fastest where it skipped, and that round is always checked."""
     timed = [r for r in (range(len(rounds)) if kept_rounds is None else kept_rounds) if kept_outputs[r]]
-    timed = timed or [r for r in range(len(rounds)) if kept_outputs[r]]  # the kept rounds kept no output: any round's
     if not timed:
         return []
     fastest = min(timed, key=lambda r: rounds[r].median_us)

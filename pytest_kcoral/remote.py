@@ -209,15 +209,13 @@ class RemoteExecutor(LocalExecutor):
                        phases: tuple[str, str], **time_fields: Any) -> list[tuple[str, str, dict[str, Any], Any]]:
         """One side's load, correctness run and (unless ``--kcoral-mode correctness``) timing: a
         program's commands are fixed before it is sent, so both sides' are built here alike."""
-        from pytest_kcoral.pipeline import TIMING_INPUT_SETS, VERIFIED_TIMED_CALLS, correctness_run
+        from pytest_kcoral.pipeline import correctness_run
 
         run = correctness_run(spec, ref, device)
         payload = run.pop("payload")
         commands: list[tuple[str, str, dict[str, Any], Any]] = [load, ("run", phases[0], run, payload)]
         if self.settings.mode != "correctness":
-            commands.append(("time", phases[1], dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=self._timing_budget_s(),
-                                                     timer=self.settings.timer, verify=VERIFIED_TIMED_CALLS,
-                                                     written_inputs=list(ref.written_inputs), **time_fields), None))
+            commands.append(("time", phases[1], dict(self._time_fields(spec, ref, device), **time_fields), None))
         return commands
 
     # -- programs ----------------------------------------------------------------------------

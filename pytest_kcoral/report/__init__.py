@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pytest_kcoral.scoring import CandidateScore
+from pytest_kcoral.scoring import CandidateScore, SuiteScore
 
 
 def fmt_speedup(value: float | None) -> str:
@@ -39,6 +39,12 @@ def no_seen_note(candidates: Sequence[CandidateScore]) -> str | None:
 
 
 NOTHING_TIMED_NOTE = "(nothing timed: --kcoral-mode correctness measures no speed)"
+
+
+def nothing_timed(suite: SuiteScore) -> bool:
+    """Pairs, but no fast_p at all: correct pairs and not one item timed (``score_suite``), where
+    "fast_0 0%" would read as "none of them is correct"."""
+    return bool(suite.pairs) and all(v is None for v in suite.fast_p.values())
 
 
 def fmt_speed_score(value: float | None, timed: bool) -> str:

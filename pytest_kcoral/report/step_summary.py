@@ -23,6 +23,7 @@ from pytest_kcoral.report import (
     fmt_unseen,
     host_set_note,
     no_seen_note,
+    nothing_timed,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change
 from pytest_kcoral.scoring import Scores
@@ -78,7 +79,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
                 f"`{c.case}`", f"`{c.candidate}`", f"`{sol['shape_id']}`", fmt_rates(sol), fmt_of_peak(sol), fmt_rates(sol, "baseline"),
             )) + " |")
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
-    if s.pairs and all(v is None for v in s.fast_p.values()):  # as the terminal says it
+    if nothing_timed(s):  # as the terminal says it
         fast += " " + NOTHING_TIMED_NOTE
     out += [
         "",

@@ -24,6 +24,7 @@ from pytest_kcoral.report import (
     fmt_unseen,
     host_set_note,
     no_seen_note,
+    nothing_timed,
     pair_name,
     speed_of_light_lines,
 )
@@ -73,8 +74,7 @@ def suite_lines(scores: Scores) -> list[str]:
     fast = " ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     lines = [
         f"pairs {s.pairs}  compiled {fmt_pct(s.compile_rate)}  correct {fmt_pct(s.correctness_rate)}",
-        # pairs but no fast_p at all: correct pairs, nothing timed (``score_suite``)
-        fast + "  " + NOTHING_TIMED_NOTE if s.pairs and all(v is None for v in s.fast_p.values()) else fast,
+        fast + "  " + NOTHING_TIMED_NOTE if nothing_timed(s) else fast,
         f"speedup mean {fmt_speedup(s.mean_speedup)}  geomean {fmt_speedup(s.geomean_speedup)}"
         f"  mean gap {fmt_pct(s.mean_generalization_gap)}",
         f"unseen P(candidate ok | baseline ok) {fmt_pct(s.conditional_correctness)}:"
