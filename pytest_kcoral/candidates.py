@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError
+from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, is_case_folder
 
 # Files beside bench.py that belong to the case, not to its candidates.
 _BENCH_CASE_FILES = {"bench.py", "baseline.py", "conftest.py", "__init__.py"}
@@ -61,6 +61,19 @@ def _py_files(folder: Path) -> list[Path]:
 def bundled_folder(case: Case) -> Path:
     """Where a case keeps its own candidates: ``candidates/``, or beside a KCoral ``bench.py``."""
     return case.folder if case.format == KCORAL_BENCH else case.folder / "candidates"
+
+
+def bundled_candidate_at(path: Path) -> tuple[Path, str] | None:
+    """``(case folder, candidate name)`` when ``path`` is a bundled candidate's file (found the
+    way ``_bundled`` finds them), so ``pytest cases/add/candidates/mine.py`` selects its items."""
+    if path.suffix != ".py" or path.name.startswith("_") or not path.is_file():
+        return None
+    folder = path.parent
+    if folder.name == "candidates" and is_case_folder(folder.parent):
+        return folder.parent, path.stem
+    if (folder / "bench.json").is_file() and (folder / "bench.py").is_file() and path.name not in _BENCH_CASE_FILES:
+        return folder, path.stem
+    return None
 
 
 def _bundled(case: Case) -> list[Candidate]:

@@ -30,6 +30,10 @@ class CaseRuntime:
         if helpers is not None:  # for this process's life: the case calls its helpers lazily too
             sys.path.insert(0, str(helpers))
         self.module = import_case_module(Path(spec["source"]))
+        # taken now, before any candidate loads in this process: the harness calls these between
+        # timed calls (fresh inputs), where a candidate that replaced them would work untimed
+        self._entry_points = {name: getattr(self.module, name) for name in ("make_inputs", "get_inputs", "get_init_inputs", "reference", "Model")
+                              if callable(getattr(self.module, name, None))}
         self._baseline_fn: Callable[..., Any] | None = getattr(self.module, "baseline", None)
         if self._baseline_fn is None and spec.get("baseline_file"):
             self._baseline_fn = _baseline_from_file(Path(spec["baseline_file"]))
@@ -43,14 +47,14 @@ class CaseRuntime:
         torch.manual_seed(seed)  # seeds every device's generator
         if self.format == KERNELBENCH:
             self.set_globals(shape)
-            values = self.module.get_inputs()
+            values = self._entry_points["get_inputs"]()
             return tuple(v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values)
         if self.format == KCORAL_BENCH:
             # KCoral's make_inputs(case) takes no device: the item's device is made the default.
             with torch.device(self.device):
-                values = self.module.make_inputs(dict(shape))
+                values = self._entry_points["make_inputs"](dict(shape))
         else:
-            values = self.module.make_inputs(dict(shape), self.device)
+            values = self._entry_points["make_inputs"](dict(shape), self.device)
         if isinstance(values, dict):
             # inputs are positional (INPLACE and the messages number them): a dict would reach the
             # reference as one argument, and fail there with a message about something else
@@ -74,16 +78,16 @@ class CaseRuntime:
 
     def reference(self, shape: dict[str, Any], args: tuple) -> Any:
         if self.format == KERNELBENCH:
-            return self.bind_model(self.module.Model, shape, args)()
-        return self.module.reference(*args)
+            return self.bind_model(self._entry_points["Model"], shape, args)()
+        return self._entry_points["reference"](*args)
 
     def baseline(self, shape: dict[str, Any], args: tuple) -> Any:
         return self.bind_baseline(shape, args)()
 
     def bind_baseline(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
         if self.format == KERNELBENCH:
-            return self.bind_model(self.module.Model, shape, args)
-        fn = self._baseline_fn or self.module.reference
+            return self.bind_model(self._entry_points["Model"], shape, args)
+        fn = self._baseline_fn or self._entry_points["reference"]
         return lambda: fn(*args)
 
     def bind_model(self, model_class: Any, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
@@ -95,7 +99,7 @@ class CaseRuntime:
         model = self._models.get(key)
         if model is None:
             self.set_globals(shape)
-            init_inputs = self.module.get_init_inputs()
+            init_inputs = self._entry_points["get_init_inputs"]()
             torch.manual_seed(self.init_seed)
             model = model_class(*init_inputs).to(self.device)
             self._models[key] = model

@@ -8,12 +8,15 @@ Anything malformed raises ``CaseError`` naming the file and the problem.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib.util
 import json
 import math
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +120,29 @@ def helpers_importable(folder: Path | None) -> Iterator[None]:
                 del sys.modules[name]
 
 
+_private_pycache: str | None = None
+
+
+@contextlib.contextmanager
+def _private_bytecode() -> Iterator[None]:
+    """Bytecode of what runs inside from a directory of this process's own (``sys.pycache_prefix``),
+    never from a ``__pycache__`` beside the sources: a candidate can write into the case tree, and a
+    .pyc it planted there (matching the source's size and time) would run in place of the source
+    whose digest was checked. A child sets the prefix for its life (``child.main``)."""
+    global _private_pycache
+    if sys.pycache_prefix is not None:
+        yield
+        return
+    if _private_pycache is None:
+        _private_pycache = tempfile.mkdtemp(prefix="kcoral-pycache-")
+        atexit.register(shutil.rmtree, _private_pycache, True)
+    sys.pycache_prefix = _private_pycache
+    try:
+        yield
+    finally:
+        sys.pycache_prefix = None
+
+
 def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
     """Import a trusted case module under a unique name (many cases share the file name)."""
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
@@ -127,7 +153,8 @@ def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
+        with _private_bytecode():
+            spec.loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(mod_name, None)
         if exc.filename and Path(exc.filename).resolve() != path.resolve():
@@ -246,7 +273,9 @@ def _load_case_py(folder: Path, case_id: str) -> Case:
     path = folder / "case.py"
     with helpers_importable(helpers_folder(NATIVE, path)):
         module = import_case_module(path)
-    if hasattr(module, "Model") and callable(getattr(module, "get_inputs", None)) and not hasattr(module, "make_inputs"):
+    if hasattr(module, "Model") and not hasattr(module, "make_inputs"):
+        # a KernelBench problem (a native case has make_inputs): its own names are checked, so a
+        # misspelt get_inputs is named as such, not as a native case's missing SEEN
         return _kernelbench_case(folder, case_id, path, module)
     return _native_case(folder, case_id, path, module)
 
@@ -305,7 +334,10 @@ def _check_cost(cost: Any, shapes: list[Shape]) -> tuple[str, ...]:
 
 
 def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> Case:
-    _require_callable(path, module, "get_init_inputs")
+    for name in ("get_inputs", "get_init_inputs"):
+        if not callable(getattr(module, name, None)):
+            raise CaseError(path, f"missing required function {name}() (read as a KernelBench problem, since it defines Model;"
+                                  " a native case defines make_inputs instead)")
     if not callable(module.Model):
         raise CaseError(path, "Model must be a class")
     # SEEN/UNSEEN hold module globals to set before get_inputs(); with none, the file's own shape.

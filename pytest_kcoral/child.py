@@ -47,6 +47,10 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
     os.environ.update(env)
     sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
     sys.dont_write_bytecode = True
+    # bytecode is read from, and written to, this child's own directory only: a .pyc a candidate
+    # planted in a case's __pycache__ (matching its source's size and time) would otherwise run in
+    # place of the case's checked source, in the trusted child and the baseline's
+    sys.pycache_prefix = os.path.join(workdir, "pycache")
     if role in (CANDIDATE, BASELINE):
         _keep_large_allocations_on_heap()
     if role in (TRUSTED, BASELINE):
@@ -248,12 +252,18 @@ class _Runner:
         # compares what the correctness stage found written), else every INPLACE one
         kept_inputs = header["written_inputs"] if "written_inputs" in header else sorted(inplace)
         inputs, refs, baseline_problems, weak, structure, unsteady = [], [], [], False, 0, []
+        baseline_raised = False
+        output_aliases: set[tuple[int, int]] = set()
         after_calls, written = [], set()
         for t, seed in enumerate(header["seeds"]):
             args = self.case.make_inputs(shape, seed)
+            _check_inplace_indices(inplace, args)
             ref_args = _clone(args)
             ref, structure = flatten_outputs(self.case.reference(shape, ref_args))
             _require_plain_outputs(ref, "reference")
+            # an output the reference returns as one of its inputs (``return a.add_(b)``, a no-op
+            # ``x.to(x.dtype)``, GPU MODE's ``c[...] = a @ b; return c``): a candidate may too
+            output_aliases.update(_aliases(ref, ref_args))
             # an INPLACE input the reference writes is a result (``x.add_(y)``), not scratch
             wrote = [j for j, _ in correctness.changed_inputs(args, ref_args) if j in inplace]
             written.update(wrote)
@@ -263,35 +273,37 @@ class _Runner:
                     unsteady = correctness.compare_outputs(_leaves(self.case.reference(shape, _clone(args))), ref, tol)
                 weak = weak or correctness.is_weak_reference(ref, tol)
                 if header.get("baseline"):
-                    problems = self._baseline_problems(shape, args, ref, tuple(ref_args[j] for j in wrote), wrote, inplace, tol)
+                    problems, raised = self._baseline_problems(shape, args, ref, tuple(ref_args[j] for j in wrote), wrote, inplace, tol)
                     baseline_problems += [f"trial {t + 1}: {p}" for p in problems]
+                    baseline_raised = baseline_raised or raised
             refs.append(_to_cpu(ref))
             inputs.append(_to_cpu(args))
         # in every trial, once one trial wrote it
         written_inputs = header["written_inputs"] if "written_inputs" in header else sorted(written)
-        reply = {"baseline_problems": baseline_problems, "weak": weak, "structure": structure, "unsteady": unsteady[:3],
-                 "written_inputs": written_inputs}
+        reply = {"baseline_problems": baseline_problems, "baseline_raised": baseline_raised, "weak": weak, "structure": structure,
+                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases)}
         return reply, {"inputs": inputs, "reference": refs,
                        "written": [tuple(after[j] for j in written_inputs) for after in after_calls]}
 
     def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, ref_written: tuple, wrote: list[int], inplace: set[int],
-                           tol: Any) -> list[str]:
+                           tol: Any) -> tuple[list[str], bool]:
         """The baseline against the reference, as a candidate is held to it: its outputs, the
         INPLACE inputs the reference wrote (``wrote``, as ``ref_written``), and no input outside
-        ``inplace`` changed."""
+        ``inplace`` changed. The problems, and whether the baseline raised (or exited) instead of
+        answering: such a baseline cannot be timed on the shape either."""
         from pytest_kcoral import correctness
 
         base_args = _clone(args)
         try:
             base = _leaves(self.case.baseline(shape, base_args))
         except SystemExit as exc:  # would read as the reference's failure: the command's phase is 'reference'
-            return [f"the baseline called sys.exit({exc.code!r})"]
+            return [f"the baseline called sys.exit({exc.code!r})"], True
         except Exception as exc:  # a failing baseline is a finding, not a harness error
-            return [f"{type(exc).__name__}: {exc}"[:500]]
+            return [f"{type(exc).__name__}: {exc}"[:500]], True
         problems = correctness.compare_outputs(base, ref, tol)
         problems += correctness.compare_outputs(tuple(base_args[j] for j in wrote), ref_written, tol, correctness.written_input_names(wrote))
         problems += correctness.describe_changed_inputs(correctness.changed_inputs(args, base_args), sorted(inplace))
-        return problems
+        return problems, False
 
     def _cmd_cost(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         """The case's cost at the shape and the physical floor its bytes allow (a bandwidth
@@ -354,6 +366,7 @@ class _Runner:
         self._timing_sets = None  # an item's timing draws its own sets (see ``_cmd_finish``)
         shape = header["shape"]
         written_inputs = header.get("written_inputs") or []
+        allowed_aliases = {(int(i), int(j)) for i, j in header.get("allowed_aliases") or ()}
         outputs, inputs_changed, findings, structures, written = [], [], [], [], []
         for cpu_args in payload["inputs"]:
             # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
@@ -366,7 +379,7 @@ class _Runner:
             _synchronize(self.device)
             # flattened once: a container of the candidate's could yield other values a second time
             out_tuple, structure = flatten_outputs(out)
-            problems = _inspect_outputs(out_tuple, args, self.device)
+            problems = _inspect_outputs(out_tuple, args, self.device, allowed_aliases)
             structures.append(structure)
             findings.append(problems)
             outputs.append(_to_cpu(out_tuple) if not problems else None)
@@ -519,11 +532,12 @@ def _synchronize(device: str) -> None:
 _PLAIN_SCALARS = (int, float, bool, type(None))  # exact types: a subclass could compare equal to anything
 
 
-def _inspect_outputs(values: tuple, args: tuple, device: str) -> list[str]:
+def _inspect_outputs(values: tuple, args: tuple, device: str, allowed_aliases: set[tuple[int, int]] = frozenset()) -> list[str]:
     """Checks of a result's values (``flatten_outputs``) that need the live objects: plain dense
-    tensors, on the device, not aliasing inputs. Plain Python numbers and None pass through (a
-    reference may return a count, a scalar or an empty slot); the pytest process compares them
-    with the reference's."""
+    tensors, on the device, not aliasing inputs (output ``i`` may share memory with input ``j``
+    where the reference's does: ``(i, j)`` in ``allowed_aliases``, from ``_aliases``). Plain
+    Python numbers and None pass through (a reference may return a count, a scalar or an empty
+    slot); the pytest process compares them with the reference's."""
     import torch
 
     problems = []
@@ -535,16 +549,35 @@ def _inspect_outputs(values: tuple, args: tuple, device: str) -> list[str]:
             kind = f"{type(value).__module__}.{type(value).__qualname__}"
             problems.append(f"output {i} is a {kind}, not a plain torch.Tensor (subclasses and lazy objects are refused)")
             continue
-        if value.layout != torch.strided or value.is_meta:
+        if value.is_meta:
+            problems.append(f"output {i} is a meta tensor: it has a shape but no data")
+            continue
+        if value.layout != torch.strided:
             problems.append(f"output {i} is not a dense tensor (layout {value.layout})")
             continue
         if value.device.type != want.type or (want.index is not None and value.device.index != want.index):
             problems.append(f"output {i} is on {value.device}, expected {want}")
             continue
         for j, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor) and _overlaps(value, arg):
+            if isinstance(arg, torch.Tensor) and (i, j) not in allowed_aliases and _overlaps(value, arg):
                 problems.append(f"output {i} shares memory with input {j}")
     return problems
+
+
+def _aliases(values: tuple, args: tuple) -> set[tuple[int, int]]:
+    """``(output, input)`` index pairs of outputs that share memory with an input."""
+    import torch
+
+    return {(i, j) for i, value in enumerate(values) if type(value) is torch.Tensor
+            for j, arg in enumerate(args) if isinstance(arg, torch.Tensor) and _overlaps(value, arg)}
+
+
+def _check_inplace_indices(inplace: set[int], args: tuple) -> None:
+    """``INPLACE`` names inputs by index: each must be one of the inputs ``make_inputs`` made."""
+    beyond = sorted(j for j in inplace if not 0 <= j < len(args))
+    if beyond:
+        raise ValueError(f"INPLACE lists input{'s' if len(beyond) > 1 else ''} {', '.join(map(str, beyond))}, but make_inputs"
+                         f" returned {len(args)} input{'s' if len(args) != 1 else ''} (indices 0 to {len(args) - 1})")
 
 
 def _require_plain_outputs(values: tuple, who: str) -> None:

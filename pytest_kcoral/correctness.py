@@ -183,7 +183,7 @@ def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
             worst = int(diff.argmax())
             problems.append(
                 f"{name}: max abs error {max_abs:.3g} (atol {atol:g}), max rel error {max_rel:.3g} (rtol {rtol:g}) "
-                f"under --kcoral-tolerance strict; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
+                f"under --kcoral-tolerance strict; worst at index {_index(worst, ref.shape)}: {_got_expected(float(o[worst]), float(r[worst]))}"
             )
         problems += _special_mismatch(name, special_mismatch, o, r, ref.shape)
         return problems
@@ -194,9 +194,18 @@ def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
         worst = int(torch.where(bad, diff, torch.full_like(diff, -1.0)).argmax())
         problems.append(
             f"{name}: {n_bad} of {r.numel()} elements ({100.0 * n_bad / r.numel():.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
-            f"max abs error {float(diff.max()):.3g}; worst at index {_index(worst, ref.shape)}: got {float(o[worst]):.6g}, expected {float(r[worst]):.6g}"
+            f"max abs error {float(diff.max()):.3g}; worst at index {_index(worst, ref.shape)}: {_got_expected(float(o[worst]), float(r[worst]))}"
         )
     return problems + _special_mismatch(name, special_mismatch, o, r, ref.shape)
+
+
+def _got_expected(got: float, expected: float) -> str:
+    """``got X, expected Y`` with the digits that tell the two apart (at six significant digits a
+    miss just over a tight tolerance read 'got 10.7401, expected 10.7401')."""
+    digits = 6
+    while digits < 17 and f"{got:.{digits}g}" == f"{expected:.{digits}g}" and got != expected:
+        digits += 1
+    return f"got {got:.{digits}g}, expected {expected:.{digits}g}"
 
 
 def _special_mismatch(name: str, mismatch: Any, o: Any, r: Any, shape: Any) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import re
 import secrets
@@ -43,6 +44,10 @@ _template_pid: int | None = None  # the process children are forked from
 _live_pids: set[int] = set()  # this process's children that are alive, to tell orphans apart
 _template_lock = threading.Lock()
 _launch_lock = threading.Lock()
+# In the environment of the template, so of every child and whatever they start: how processes of
+# this pytest process are told apart from anyone else's once they have left the template's tree.
+SESSION_ENV = "KCORAL_SESSION"
+_session_token = secrets.token_hex(12)
 _get_preparation_data = spawn.get_preparation_data
 
 
@@ -88,11 +93,13 @@ def ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
     global _template_ready, _template_key, _template_pid
     key = getattr(sandbox, "executable", None)
     with _template_lock:
-        if _template_ready and _template_key == key:
+        if _template_ready and _template_key == key and _template_alive():
             return
         if _template_ready:
+            # another sandbox setting, or a template that died (a candidate can kill it: same user):
+            # multiprocessing would start a new one by itself, outside the sandbox
             stop_template()
-        env = dict(env)
+        env = dict(env, **{SESSION_ENV: _session_token})
         if threading.current_thread() is threading.main_thread():
             env[leftovers.TEMPLATE_DIES_WITH_PARENT_ENV] = "1"
         saved = {k: os.environ.get(k) for k in env}
@@ -126,6 +133,39 @@ def stop_template() -> None:
             pass
     _template_ready = False
     _template_pid = None
+
+
+def _template_alive() -> bool:
+    """Whether the template, and the process multiprocessing launched it as (bwrap, under the
+    sandbox), still run. Not known yet (no child forked): taken as alive."""
+    launched = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    return all(leftovers.is_alive(pid) for pid in (launched, _template_pid) if pid is not None)
+
+
+def template_lost() -> bool:
+    """True once after the template died (killed by a candidate, most likely: it runs as the same
+    user). Its orphans then escape to init, where ``_kill_orphans`` cannot see them: every process
+    still carrying this session's token is killed, and the next child starts a new template, in
+    the sandbox when there is one (``ensure_template``)."""
+    with _template_lock:
+        if not _template_ready or _template_alive():
+            return False
+        stop_template()
+    sweep_session_processes()
+    return True
+
+
+def sweep_session_processes() -> list[int]:
+    """Kill every process carrying this session's token (``SESSION_ENV``) that is no live child
+    and not the template: what children left behind outside their trees (a candidate that killed
+    the template, then detached). Returns their pids."""
+    tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)  # started with the template's environment
+    launched = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    keep = {os.getpid(), *_live_pids, *(p for p in (_template_pid, launched, tracker) if p)}
+    strays = [p for p in leftovers.carrying(f"{SESSION_ENV}={_session_token}".encode()) if p not in keep]
+    for pid in strays:
+        leftovers.kill_tree(pid, include_root=True)
+    return strays
 
 
 def _kill_orphans() -> list[int]:
@@ -261,8 +301,10 @@ class Child:
         self.pid = header.get("pid", self.process.pid)
         self.startup_s = time.perf_counter() - self.started_at
 
-    def call(self, cmd: str, phase: str, payload: Any = None, **fields: Any) -> tuple[dict[str, Any], Any]:
-        """Send a command and return its reply; raise ``ChildFailure`` if it does not come back."""
+    def call(self, cmd: str, phase: str, payload: Any = None, reply_limit_bytes: int | None = None,
+             **fields: Any) -> tuple[dict[str, Any], Any]:
+        """Send a command and return its reply; raise ``ChildFailure`` if it does not come back.
+        ``reply_limit_bytes``: the most tensor bytes the reply may carry (an untrusted child's)."""
         self.phase = phase
         self._seq += 1
         self._nonce = secrets.randbits(63)
@@ -273,18 +315,24 @@ class Child:
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             self._raise_died()
         try:
-            return self._receive()
+            return self._receive(reply_limit_bytes)
         finally:
             self.last_call_s = time.perf_counter() - started
 
-    def _receive(self) -> tuple[dict[str, Any], Any]:
+    def _receive(self, reply_limit_bytes: int | None = None) -> tuple[dict[str, Any], Any]:
         remaining = self.deadline - time.monotonic()
-        if remaining <= 0 or not self.conn.poll(remaining):
+        # the channel, or the child's end: a process the child started (exec'd, detached) may
+        # hold the child's end of the channel open, so a child that died would read as a hang
+        ready = multiprocessing.connection.wait([self.conn, self.process.sentinel], max(0.0, remaining)) if remaining > 0 else []
+        if not ready:
             self.kill()
             where, output = stack_at_timeout(self.output())
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' (item timeout reached){where}", output)
+        if self.conn not in ready and not self.conn.poll(0):
+            self._raise_died()
         try:
-            header, payload = protocol.recv(self.conn, self.deadline)
+            header, payload = protocol.recv(self.conn, self.deadline, check_header=self._check_answers_the_command,
+                                            max_payload_bytes=reply_limit_bytes)
         except TimeoutError:  # a message begun and never finished counts as a hang
             self.kill()
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' in the middle of a reply (item timeout reached)", self.output()) from None
@@ -293,17 +341,6 @@ class Child:
         except protocol.ProtocolError as exc:
             self.kill()
             raise ChildFailure("protocol", self.phase, f"sent a malformed message in phase '{self.phase}': {exc}", self.output()) from None
-        if header.get("seq") != self._seq or (self._seq and header.get("nonce") != self._nonce):
-            # the harness answers each command exactly once, echoing its number and nonce: anything
-            # else was written into the channel by someone else (or is a second answer)
-            self.kill()
-            raise ChildFailure(
-                "protocol",
-                self.phase,
-                f"a reply in phase '{self.phase}' does not answer the command sent (sequence {header.get('seq')!r}, "
-                f"expected {self._seq}): a forged or duplicated result on the channel",
-                self.output(),
-            )
         if not header.get("ok"):
             error = header.get("error") or {}
             message = f"{error.get('type', 'Error')}: {error.get('message', '')}"
@@ -312,6 +349,20 @@ class Child:
                 message = f"detected after {ran} ran in phase '{self.phase}': {error.get('message', '')}"
             raise ChildFailure("error", self.phase, message, self.output(), error)
         return header, payload
+
+    def _check_answers_the_command(self, header: dict[str, Any]) -> None:
+        """Before a reply's payload is read: it echoes the command's number and nonce. The harness
+        answers each command exactly once: anything else was written into the channel by someone
+        else (or is a second answer), and its tensors are never allocated."""
+        if header.get("seq") != self._seq or (self._seq and header.get("nonce") != self._nonce):
+            self.kill()
+            raise ChildFailure(
+                "protocol",
+                self.phase,
+                f"a reply in phase '{self.phase}' does not answer the command sent (sequence {header.get('seq')!r}, "
+                f"expected {self._seq}): a forged or duplicated result on the channel",
+                self.output(),
+            )
 
     def _raise_died(self) -> None:
         self.process.join(5)

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import pytest
 
 from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
-from pytest_kcoral.cases import Case, CaseError, Shape, load_case
+from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case
 from pytest_kcoral.pipeline import ItemSpec
 from pytest_kcoral.report import junit_figure
 from pytest_kcoral.results import ItemResult
@@ -29,7 +29,7 @@ class KernelFailure(Exception):
 class CaseDirectory(pytest.Directory):
     """A case folder: its items are every candidate times every shape."""
 
-    def collect(self) -> Iterable[pytest.Item]:
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
         from pytest_kcoral.plugin import settings_key, submissions_matched_key
 
         settings = self.config.stash[settings_key]
@@ -60,6 +60,25 @@ class CaseDirectory(pytest.Directory):
                 yield KernelItem.from_parent(
                     self, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate, shape=shape
                 )
+        yield from self._collect_the_rest(case)
+
+    def _collect_the_rest(self, case: Case) -> Iterable[pytest.Item | pytest.Collector]:
+        """What else the folder holds, collected as pytest would (a maintainer's ``test_*.py``
+        beside ``case.py``, a case in a subfolder): not the candidates, which are untrusted and
+        never imported here. A KCoral bench folder's own ``.py`` files are all candidates."""
+        ihook = self.ihook
+        candidates_folder = bundled_folder(case)
+        for entry in sorted(self.path.iterdir()):
+            if entry.name.startswith((".", "__")) or entry == candidates_folder:
+                continue
+            if ihook.pytest_ignore_collect(collection_path=entry, config=self.config):
+                continue
+            if entry.is_dir():
+                collector = ihook.pytest_collect_directory(path=entry, parent=self)
+                if collector is not None:
+                    yield collector
+            elif entry.is_file() and not (case.format == KCORAL_BENCH and entry.suffix == ".py"):
+                yield from ihook.pytest_collect_file(file_path=entry, parent=self)
 
 
 class KernelItem(pytest.Item):

@@ -75,6 +75,27 @@ def _state_of(pid: int) -> str:
         return "?"
 
 
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and is not a zombie (nor dead and not yet reaped)."""
+    return _state_of(pid) not in ("?", "Z", "X")
+
+
+def carrying(marker: bytes) -> list[int]:
+    """Processes of this user whose environment holds ``marker`` (``NAME=value``): every process a
+    child started inherits its environment, also one that left its process tree."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
 def describe(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -118,12 +118,16 @@ class ReferenceData:
     reference: list[tuple]
     baseline_correct: bool | None  # None: the baseline is the reference, nothing to check
     baseline_problems: list[str] = field(default_factory=list)
+    baseline_raised: bool = False  # the baseline raised (or exited) on some trial: it cannot be timed here
     weak: bool = False
     structure: Any = None  # the reference's containers (``child.flatten_outputs``); None: not known
     # INPLACE inputs the reference writes, and their values after its call, per trial: results a
     # candidate must leave the same (``x.add_(y)``), compared as outputs are
     written_inputs: tuple[int, ...] = ()
     written: list[tuple] = field(default_factory=list)
+    # (output, input) pairs where the reference returns one of its inputs (``return a.add_(b)``):
+    # a candidate's output may share memory with that input too
+    output_aliases: tuple[tuple[int, int], ...] = ()
 
     def record_into(self, result: ItemResult) -> None:
         """What the reference's side found, known before the candidate runs, into the item."""
@@ -131,6 +135,16 @@ class ReferenceData:
         result.weak_reference = self.weak
         if self.baseline_problems:  # why the baseline is wrong here (``baseline_correct`` false)
             result.extra["baseline_problems"] = self.baseline_problems[:BASELINE_PROBLEMS_KEPT]
+
+
+def untimed_reason(spec: ItemSpec, ref: ReferenceData) -> str | None:
+    """Why a correct item is not timed, or None. A baseline that raises on an unseen shape is the
+    quadrants' 'candidate improved' (a kernel-to-kernel task's original kernel that handles some
+    shapes only), not a broken case, and there is nothing to time the candidate against. On a seen
+    shape it stays the case's failure: no pair of the case could earn its scored speedup."""
+    if ref.baseline_raised and spec.shape.split == "unseen":
+        return "the baseline raises on this unseen shape, so there is nothing to time the candidate against: " + ref.baseline_problems[0]
+    return None
 
 
 def derive_seed(session_seed: int, *parts: Any) -> int:
@@ -207,8 +221,25 @@ class LocalExecutor:
         except ItemSkipped as skip:
             result.outcome = "skipped"
             result.message = str(skip)
+        except Exception as exc:  # noqa: BLE001 - a harness error (or one a child provoked): failed, never lost
+            # an item without a result is missing from the JSON and every score; a candidate that
+            # could provoke one (a reply the parent chokes on) would hide its failing shapes
+            result.stage = "timing" if result.correct else ("correctness" if result.compiled else "compile")
+            result.outcome = "failed"
+            result.correct = False if result.compiled else None
+            result.message = f"the harness failed on this item: {type(exc).__name__}: {exc}"[:2000]
+            result.extra["harness_error"] = True
         finally:
             result.duration_s = time.monotonic() - started
+        if self.settings.url is None and isolation.template_lost():
+            # the template every child is forked from died while this item ran: its candidate (the
+            # same user) killed it, to switch off the sandbox or the orphan sweep for what follows
+            if result.stage == "done":
+                result.stage = "correctness" if self.settings.mode == "correctness" else "timing"
+            result.outcome, result.correct = "failed", False if result.compiled else None
+            result.message = ("the process every child is forked from (the harness's template) died while this item ran: killed by"
+                              " the candidate? Its processes were stopped and the template started anew")
+            result.extra["template_killed"] = True
         return result
 
     # -- stages -----------------------------------------------------------------------------
@@ -281,7 +312,8 @@ class LocalExecutor:
             if self.settings.mode != "correctness":
                 with timed_phase(result, "timing"):
                     self._time(spec, candidate, baseline, trusted, ref, device, self._timing_cpu(lease), tol, result)
-                    self._baseline_call(baseline, "finish", "baseline")  # kept: its item's timing sets go
+                    if isinstance(baseline, Child):  # an untimed item (``untimed_reason``) needs none
+                        self._baseline_call(baseline, "finish", "baseline")  # kept: its item's timing sets go
             if self.diagnostics and self.diagnostics.ncu:
                 deadline = self._diagnose(spec, ref, device, result, "ncu", candidate, deadline)
             # the last word: the child's audit runs once more, and a reply left over in the
@@ -380,17 +412,21 @@ class LocalExecutor:
         except ChildFailure as failure:
             if failure.kind == "outage":
                 raise ServiceUnavailable(stage, failure.message) from None
-            self._skip_if_case_needs_cuda(failure)
-            if failure.kind == "error" and failure.error.get("compile_error"):
+            # the candidate's commands; a KernelBench ModelNew is built from the case's get_init_inputs there too
+            self._skip_if_case_needs_cuda(failure, "the candidate's process")
+            # a compiler error at the first call is the compile stage's; once the candidate has
+            # run (timing comes after correctness), it is a failure to run the timed calls
+            if failure.kind == "error" and failure.error.get("compile_error") and stage != "timing":
                 stage = "compile"
             # a candidate that raises, crashes or lies once timed is not correct; one that runs out of time may be
             raise StageFailed(stage, _describe_child_failure(stage, failure), failure.phase,
                               disqualifies=stage == "timing" and failure.kind != "timeout") from None
 
-    def _skip_if_case_needs_cuda(self, failure: ChildFailure) -> None:
-        """On a machine without a GPU, a case whose inputs need CUDA skips instead of failing."""
+    def _skip_if_case_needs_cuda(self, failure: ChildFailure, who: str = "the case") -> None:
+        """On a machine without a GPU, code that needs CUDA skips instead of failing: the case's
+        (its inputs), or what runs in the candidate's process (``who``)."""
         if failure.kind == "error" and failure.error.get("needs_cuda") and self.device_kind == "cpu":
-            raise ItemSkipped(f"the case needs CUDA: {failure.message}") from None
+            raise ItemSkipped(f"{who} needs CUDA: {failure.message}") from None
 
     @contextlib.contextmanager
     def _lease(self, spec: ItemSpec, result: ItemResult) -> Iterator[Any]:
@@ -437,10 +473,12 @@ class LocalExecutor:
             # None where the baseline is the reference: such shapes stay out of the quadrants
             baseline_correct=not baseline_problems if check_baseline else None,
             baseline_problems=baseline_problems,
+            baseline_raised=bool(header.get("baseline_raised")),
             weak=bool(header["weak"]),
             structure=header.get("structure"),
             written_inputs=tuple(header.get("written_inputs") or ()),
             written=payload.get("written") or [],
+            output_aliases=tuple((int(i), int(j)) for i, j in header.get("output_aliases") or ()),
         )
         if not data.written_inputs and all(v is None for ref in data.reference for v in ref):
             raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference returns nothing and writes none of its INPLACE"
@@ -461,10 +499,12 @@ class LocalExecutor:
         return _keep(self._trusted, key, child)
 
     def close(self) -> None:
-        """End the trusted and baseline children (the session is over)."""
+        """End the trusted and baseline children (the session is over), and whatever any child
+        left running outside its tree (``isolation.sweep_session_processes``)."""
         for kept in (self._trusted, self._baselines):
             while kept:
                 kept.popitem()[1].close()
+        isolation.sweep_session_processes()
 
     def _trusted_call(self, trusted: Callable[[], Child], cmd: str, phase: str, **fields: Any) -> tuple[dict, Any]:
         """A trusted child failing is the case's fault, not the candidate's: say so."""
@@ -511,7 +551,8 @@ class LocalExecutor:
         raise StageFailed(stage, CASE_FAILED_PREFIX + _describe_child_failure(stage, failure), phase, case_failed=True) from None
 
     def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
-        header, payload = self._stage("correctness", lambda: candidate.call("run", "correctness", **correctness_run(spec, ref, device)))
+        header, payload = self._stage("correctness", lambda: candidate.call("run", "correctness", reply_limit_bytes=_reply_limit(ref, len(ref.inputs)),
+                                                                            **correctness_run(spec, ref, device)))
         outputs = payload["outputs"]
         written = payload.get("written")
         if not _well_formed_written(written, outputs, len(ref.written_inputs)):
@@ -549,9 +590,13 @@ class LocalExecutor:
 
     def _time(self, spec: ItemSpec, candidate: Child, baseline: Child | StageFailed | None, trusted: Callable[[], Child],
               ref: ReferenceData, device: str, cpu: int | None, tol: correctness.Tolerance, result: ItemResult) -> None:
+        untimed = untimed_reason(spec, ref)
+        if untimed:
+            result.extra["untimed"] = untimed
+            return
         if isinstance(baseline, StageFailed):
             raise baseline
-        assert baseline is not None, "timing needs the baseline's child (None only in --kcoral-mode correctness)"
+        assert baseline is not None, "timing needs the baseline's child (None only in --kcoral-mode correctness and untimed items)"
         written_inputs = ref.written_inputs
         # the baseline's child goes the candidate's way first: the correctness stage's run, as sent to the candidate
         header, payload = self._baseline_call(baseline, "run", "baseline", **correctness_run(spec, ref, device))
@@ -583,7 +628,8 @@ class LocalExecutor:
             base_rounds.append(TimingStats.from_dict(header["stats"]))
 
         def time_candidate(r: int) -> None:
-            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", warmup_s=_warmup_s(r), **timed_alike))
+            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", warmup_s=_warmup_s(r), reply_limit_bytes=_reply_limit(ref, keep),
+                                                                           **timed_alike))
             impossible = implausible_stats(header["stats"], candidate.last_call_s)
             if impossible:
                 raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing",
@@ -612,6 +658,7 @@ class LocalExecutor:
             candidate_stats = timing.combine_rounds(cand_rounds, keep=kept)
         except ValueError as exc:
             raise StageFailed("timing", f"the candidate's timing rounds disagree: {exc}", "timing") from exc
+        timing.charge_outside_work(base_rounds, cand_rounds, candidate_stats, keep=kept)
         result.baseline_timing = baseline_stats.to_dict()
         result.candidate_timing = candidate_stats.to_dict()
         result.t_baseline_us = baseline_stats.median_us
@@ -631,7 +678,7 @@ class LocalExecutor:
             if result.speedup < minimum:
                 raise StageFailed(
                     "timing",
-                    f"speedup {result.speedup:.3f}x is below --kcoral-min-speedup {minimum:g} "
+                    f"speedup {result.speedup:.3g}x is below --kcoral-min-speedup {minimum:g} "
                     f"(baseline {result.t_baseline_us:.1f} us, candidate {result.t_candidate_us:.1f} us, {result.timer})",
                     "timing",
                 )
@@ -725,6 +772,19 @@ def _timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[d
     return [first, *rng.sample(others, min(len(others), VERIFIED_TIMED_CALLS - 1))]
 
 
+def _reply_limit(ref: ReferenceData, results: int) -> int:
+    """The most tensor bytes a candidate's reply carrying ``results`` results (outputs and in-place
+    results, each the size of the reference's) may hold: four times that, and 64 MiB over, so a
+    wrong dtype or shape still reads as such; more is a child flooding this process's memory."""
+    import torch
+
+    def nbytes(values: Any) -> int:
+        return sum(v.numel() * v.element_size() for v in values or () if isinstance(v, torch.Tensor))
+
+    per_result = nbytes(ref.reference[0]) + (nbytes(ref.written[0]) if ref.written else 0)
+    return 4 * results * per_result + (64 << 20)
+
+
 def correctness_run(spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str, Any]:
     """The correctness stage's ``run`` command (payload and fields): the candidate's child gets it,
     and the baseline's child the same before it is timed."""
@@ -732,7 +792,7 @@ def correctness_run(spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str
 
     poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
     return dict(payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device, poison_bytes=poison,
-                written_inputs=list(ref.written_inputs))
+                written_inputs=list(ref.written_inputs), allowed_aliases=[list(pair) for pair in ref.output_aliases])
 
 
 def _run_problems(header: dict[str, Any], payload: Any, ref: ReferenceData, tol: correctness.Tolerance) -> list[str]:

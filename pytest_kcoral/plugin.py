@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 
 from pytest_kcoral import options
+from pytest_kcoral.candidates import bundled_candidate_at
 from pytest_kcoral.cases import is_case_folder
 from pytest_kcoral.options import Settings
 
 settings_key = pytest.StashKey[Settings]()
 executor_key = pytest.StashKey[Any]()
-selection_key = pytest.StashKey[list[tuple[str, str]]]()  # (case folder, item name) given as arguments
+# (case folder, item name, the argument as given) per case id given as an argument
+selection_key = pytest.StashKey[list[tuple[str, str, str]]]()
 submissions_matched_key = pytest.StashKey[set[Path]]()  # submission files some collected case took
 
 MARKERS = [
@@ -114,36 +116,66 @@ def pytest_configure_node(node: Any) -> None:  # xdist controller: hand the sess
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """Let ``pytest cases/add::triton[seen-n=4096]`` select items by the ids this plugin prints.
+    """Let ``pytest cases/add::triton[seen-n=4096]`` select items by the ids this plugin prints,
+    and ``pytest cases/add/candidates/triton.py`` a candidate's items.
 
-    pytest refuses ``::`` after a directory, and a case is a directory: the argument becomes the
-    case folder, and the selection is applied when the items are collected.
+    pytest refuses ``::`` after a directory, and a case is a directory (a candidate's file is
+    never collected by pytest itself: it is untrusted): the argument becomes the case folder, and
+    the selection is applied when the items are collected.
     """
+    # the paths given, in order; never an option's value (``--deselect cases/add::x[...]`` must
+    # stay whole, or it deselects the whole case)
+    positional = list(getattr(early_config.known_args_namespace, "file_or_dir", None) or [])
     selected = []
     for i, arg in enumerate(args):
+        if not positional:
+            break
+        if arg != positional[0]:
+            continue
+        positional.pop(0)
         path, sep, rest = arg.partition("::")
         if sep and rest and is_case_folder(Path(path)):
             args[i] = path
-            selected.append((str(Path(path).resolve()), rest))
+            selected.append((str(Path(path).resolve()), rest, arg))
+        elif not sep and (candidate := bundled_candidate_at(Path(arg))) is not None:
+            # a candidate's file: its items, as a test file selects its tests
+            folder, name = candidate
+            args[i] = str(folder)
+            selected.append((str(folder.resolve()), name, arg))
     if selected:
         early_config.stash[selection_key] = selected
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k, -m and --lf deselect: an id they drop was still found
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     selected = config.stash.get(selection_key, None)
     if not selected:
         return
     from pytest_kcoral.items import KernelItem
 
+    matched: set[str] = set()  # the arguments that selected something
+
     def wanted(item: pytest.Item) -> bool:
         if not isinstance(item, KernelItem):
             return True
-        names = [rest for folder, rest in selected if folder == str(item.case.folder.resolve())]
+        folder = str(item.case.folder.resolve())
+        names = [(rest, arg) for case, rest, arg in selected if case == folder]
         # a case folder given without a selection keeps all its items; "case::candidate" selects
         # all of the candidate's items, "case::candidate[split-shape]" one item
-        return not names or any(item.name == n or item.name.startswith(n + "[") for n in names)
+        hits = [arg for rest, arg in names if item.name == rest or item.name.startswith(rest + "[")]
+        matched.update(hits)
+        return not names or bool(hits)
 
     keep = [item for item in items if wanted(item)]
+    # as pytest answers a node id that names nothing: a typo must not shrink the run in silence
+    missing = [f"not found: {arg} (no item of that case has this id; --co -q lists them)" for _, _, arg in selected if arg not in matched]
+    if missing:
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is None:
+            raise pytest.UsageError(*missing)
+        if workerinput.get("workerid") == "gw0":  # a usage error on a worker is an INTERNALERROR: warn, once
+            for line in missing:
+                warnings.warn(pytest.PytestWarning(line))
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
         items[:] = keep
@@ -169,6 +201,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 " (a submission is <team>/<case>.py or <team>/<case>/<attempt>.py, <case> being a case folder's name)"))
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Never let pytest's own collection walk a submissions folder: it would import a team's
+    ``test_*.py`` and ``conftest.py`` into the pytest process, and candidates are untrusted code
+    that only ever runs in children (``candidates.py`` finds them)."""
+    settings = config.stash.get(settings_key, None)
+    if settings is None or not settings.submissions:
+        return None
+    resolved = collection_path.resolve()
+    return True if any(resolved == root or root in resolved.parents for root in settings.submissions) else None
+
+
 def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if is_case_folder(path):
         from pytest_kcoral.items import CaseDirectory
@@ -189,6 +232,12 @@ def _start_children_early(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
+    from pytest_kcoral.items import KernelItem
+
+    if isinstance(item, KernelItem) and report.skipped and type(report.longrepr) is tuple:
+        # as pytest does for a skip mark: where the reason lies (the case), not the line of the
+        # plugin that raised the skip (-rs read "SKIPPED [6] .../pytest_kcoral/items.py:83: ...")
+        report.longrepr = (str(item.case.source), 1, report.longrepr[2])
     if call.when == "call":
         from pytest_kcoral.items import result_key
 

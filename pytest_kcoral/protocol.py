@@ -26,7 +26,7 @@ import select
 import struct
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 # A header or a skeleton never needs more; anything larger is a child flooding the channel.
 MAX_HEADER_BYTES = 8 << 20
@@ -48,17 +48,28 @@ def send(conn: Connection, header: dict[str, Any], payload: Any = None) -> None:
             conn.send_bytes(_byte_view(t))
 
 
-def recv(conn: Connection, deadline: float | None = None) -> tuple[dict[str, Any], Any]:
+def recv(conn: Connection, deadline: float | None = None, *, check_header: Callable[[dict[str, Any]], None] | None = None,
+         max_payload_bytes: int | None = None) -> tuple[dict[str, Any], Any]:
     """The next message. With a ``deadline`` (``time.monotonic()``), ``TimeoutError`` once it passes
-    before the whole message arrived; ``EOFError`` when the other side closes mid-message."""
+    before the whole message arrived; ``EOFError`` when the other side closes mid-message.
+
+    ``check_header(header)`` runs before any payload is read (a reply that answers no command is
+    refused before its tensors are allocated), and a payload whose tensors hold more than
+    ``max_payload_bytes`` is refused from its skeleton alone: a child cannot make this process
+    allocate what it likes."""
     reader = _FrameReader(conn.fileno(), deadline)
     header = _load_json(reader.frame(MAX_HEADER_BYTES, "message header"), "message header")
     if not isinstance(header, dict):
         raise ProtocolError("message header is not a JSON object")
+    if check_header is not None:
+        check_header(header)
     if not header.get("payload"):
         return header, None
     skeleton = _load_json(reader.frame(MAX_HEADER_BYTES, "payload skeleton"), "payload skeleton")
-    specs = _tensor_specs(skeleton)
+    specs = _nested("payload skeleton", _tensor_specs, skeleton)
+    claimed = sum(nbytes for _, _, nbytes in specs)
+    if max_payload_bytes is not None and claimed > max_payload_bytes:
+        raise ProtocolError(f"a payload of {claimed} bytes of tensors, more than the {max_payload_bytes} this reply can need")
     tensors = []
     for dtype, shape, nbytes in specs:
         size = reader.frame_size()
@@ -68,7 +79,16 @@ def recv(conn: Connection, deadline: float | None = None) -> tuple[dict[str, Any
         if nbytes:
             reader.read_into(_byte_view(tensor))
         tensors.append(tensor)
-    return header, _rebuild(skeleton, tensors)
+    return header, _nested("payload skeleton", _rebuild, skeleton, tensors)
+
+
+def _nested(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` over a skeleton, whose nesting a child chooses: too deep is a protocol error,
+    not a ``RecursionError`` that would end the item without a result."""
+    try:
+        return fn(*args)
+    except RecursionError:
+        raise ProtocolError(f"unreadable {what}: nested too deeply") from None
 
 
 class _FrameReader:
@@ -143,7 +163,7 @@ def decode_payload(data: bytes) -> Any:
     skeleton = _load_json(bytes(view[12:12 + head_len]), "payload skeleton")
     offset = 12 + head_len
     tensors = []
-    for dtype, shape, nbytes in _tensor_specs(skeleton):
+    for dtype, shape, nbytes in _nested("payload skeleton", _tensor_specs, skeleton):
         if offset + nbytes > len(view):
             raise ProtocolError(f"unreadable tensor payload: truncated tensor of shape {list(shape)} ({dtype})")
         tensor = _empty(dtype, shape)
@@ -152,7 +172,7 @@ def decode_payload(data: bytes) -> Any:
         tensors.append(tensor)
     if offset != len(view):
         raise ProtocolError(f"unreadable tensor payload: {len(view) - offset} bytes after the last tensor")
-    return _rebuild(skeleton, tensors)
+    return _nested("payload skeleton", _rebuild, skeleton, tensors)
 
 
 # -- the skeleton ------------------------------------------------------------------------------
@@ -260,3 +280,5 @@ def _load_json(raw: bytes, what: str) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"unreadable {what}: {exc}") from None
+    except RecursionError:  # "[" * 100000: the item would end without a result
+        raise ProtocolError(f"unreadable {what}: nested too deeply") from None

@@ -31,7 +31,7 @@ from pytest_kcoral import protocol
 from pytest_kcoral.cases import Case
 from pytest_kcoral.isolation import ChildFailure
 from pytest_kcoral.options import Settings
-from pytest_kcoral.pipeline import ItemSpec, LocalExecutor, StageFailed, timed_phase
+from pytest_kcoral.pipeline import ItemSpec, LocalExecutor, StageFailed, timed_phase, untimed_reason
 from pytest_kcoral.results import ItemResult
 
 HARNESS_DIR = Path(__file__).resolve().parent
@@ -160,13 +160,19 @@ class RemoteExecutor(LocalExecutor):
         result.correct = True
         if self.settings.mode != "correctness":
             with timed_phase(result, "timing"):
-                baseline = self._baseline_program(spec, ref, device)
-                self._baseline_call(baseline, "start", "baseline")
-                self._baseline_call(baseline, "load_baseline", "baseline")
+                baseline = self._baseline_program(spec, ref, device) if self._timed(spec, ref) else None
+                if baseline is not None:
+                    self._baseline_call(baseline, "start", "baseline")
+                    self._baseline_call(baseline, "load_baseline", "baseline")
                 # no timing core: a core of this host means nothing on the server, and the
                 # candidate's program is built without one, so neither side is pinned
                 self._time(spec, candidate, baseline, trusted, ref, device, None, tol, result)
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
+
+    def _timed(self, spec: ItemSpec, ref: Any) -> bool:
+        """Whether the item reaches timing once correct (``pipeline.untimed_reason``): a program's
+        commands are fixed before it is sent, so an untimed item's carry no timing."""
+        return self.settings.mode != "correctness" and untimed_reason(spec, ref) is None
 
     def _stage(self, stage: str, fn: Any) -> Any:
         try:
@@ -214,7 +220,7 @@ class RemoteExecutor(LocalExecutor):
         run = correctness_run(spec, ref, device)
         payload = run.pop("payload")
         commands: list[tuple[str, str, dict[str, Any], Any]] = [load, ("run", phases[0], run, payload)]
-        if self.settings.mode != "correctness":
+        if self._timed(spec, ref):
             commands.append(("time", phases[1], dict(self._time_fields(spec, ref, device), **time_fields), None))
         return commands
 

@@ -146,15 +146,22 @@ class Quadrants:
     candidate_regressed: int = 0  # baseline correct, candidate wrong
     both_fail: int = 0
     candidate_improved: int = 0  # baseline wrong, candidate correct
-    # unseen items whose baseline is the case's reference (``baseline_correct`` None): correct by
-    # definition, so left out; counted so the summary can say how much of the suite the figure covers
+    # unseen items with no baseline verdict (``baseline_correct`` None), left out; counted so the
+    # summary can say how much of the suite the figure covers. Most have the case's reference for a
+    # baseline (correct by definition); the others' case failed there before its baseline was checked
     left_out: int = 0
+    left_out_case_failed: int = 0  # of ``left_out``
 
     def note(self) -> str:
-        """What the figure leaves out, for the summary's quadrants line ('' when nothing)."""
+        """What the figure leaves out, and why, for the summary's quadrants line ('' when nothing)."""
         if not self.left_out:
             return ""
-        return f"; {self.left_out} unseen item(s) left out: their baseline is their case's reference"
+        reasons = {"their baseline is their case's reference": self.left_out - self.left_out_case_failed,
+                   "their case failed there": self.left_out_case_failed}
+        given = [(why, n) for why, n in reasons.items() if n]
+        if len(given) == 1:
+            return f"; {self.left_out} unseen item(s) left out: {given[0][0]}"
+        return f"; {self.left_out} unseen item(s) left out: " + ", ".join(f"{n} as {why}" for why, n in given)
 
     @property
     def conditional_correctness(self) -> float | None:
@@ -306,7 +313,10 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
     first = items[0]
     seen = [it for it in items if it.split == "seen"]
     unseen = [it for it in items if it.split == "unseen"]
-    compiled = all(it.compiled for it in items)
+    # over the seen shapes, as correctness is: a compiler error on a private unseen shape (a
+    # Triton static_assert) shows in the unseen column, and never makes a pair read compiled
+    # 'no' and correct 'yes' (all items when none of the seen shapes ran: -m unseen)
+    compiled = all(it.compiled for it in (seen or items))
     correct_seen = bool(seen) and all(it.correct is True for it in seen)
 
     seen_timed = [it for it in seen if it.correct is True and it.speedup is not None]
@@ -366,6 +376,7 @@ def unseen_quadrants(items: Iterable[ItemResult]) -> Quadrants:
             continue
         if it.baseline_correct is None:
             q.left_out += 1
+            q.left_out_case_failed += it.case_failed
             continue
         # A candidate that failed to compile is wrong on that shape too.
         candidate_ok = it.correct is True

@@ -161,7 +161,7 @@ class KcoralSession:
                                                  collection_errors=self.collection_errors))
             except OSError as exc:
                 sys.stderr.write(f"\npytest-kcoral: cannot append to ${step_summary.ENV_VAR} {summary_file}: {exc}\n")
-        if self.compare_result is not None and self.compare_result.regressions:
+        if self.compare_result is not None and self.compare_result.gate_failed:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -205,7 +205,8 @@ def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore
         "kcoral_geomean_speedup": suite.geomean_speedup,
         "kcoral_mean_generalization_gap": suite.mean_generalization_gap,
         "kcoral_conditional_correctness": suite.conditional_correctness,
-        "kcoral_bench_lite_total": suite.bench_lite_total,
+        # untimed (--kcoral-mode correctness): not measured, so absent rather than a 0.0 that reads as measured
+        "kcoral_bench_lite_total": suite.bench_lite_total if suite.timed else None,
         **{f"kcoral_fast_{p}": v for p, v in suite.fast_p.items()},
         # how the items were timed, and how many fell back from CUPTI (the summary's TIMER FALLBACK)
         "kcoral_timed_by": fmt_methods(timers.methods) or None,

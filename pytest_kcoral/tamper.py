@@ -10,7 +10,9 @@ Attributes added later (torch sets some lazily) are not changes.
 
 from __future__ import annotations
 
+import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,22 @@ def _harness_modules() -> list[str]:
     return [name for name in sys.modules if name == "pytest_kcoral" or name.startswith("pytest_kcoral.")]
 
 
+def _case_modules() -> list[str]:
+    """The case's module in this child (``cases.import_case_module``) and the helpers beside it
+    (``task.py``, imported by plain name): the harness calls its make_inputs between timed calls,
+    where a candidate's replacement would do the work untimed. Not a candidate's own modules."""
+    cases = [name for name in sys.modules if name.startswith(("_kcoral_case_", "_kcoral_baseline_"))]
+    folders = {os.path.dirname(os.path.abspath(f)) for f in (getattr(sys.modules[n], "__file__", None) for n in cases) if f}
+    helpers = []
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if name in cases or name.startswith("kcoral_candidate") or not origin:
+            continue
+        if os.path.dirname(os.path.abspath(origin)) in folders:
+            helpers.append(name)
+    return cases + helpers
+
+
 @dataclass
 class Snapshot:
     ids: dict[str, int] = field(default_factory=dict)
@@ -57,6 +75,10 @@ class Snapshot:
                 snap._watch(module_name, module, names)
         for module_name in _harness_modules():
             snap._watch(module_name, sys.modules[module_name], None)
+        for module_name in _case_modules():
+            # its callables only: a KernelBench case's shape globals are set per item
+            module = sys.modules[module_name]
+            snap._watch(module_name, module, tuple(n for n, v in vars(module).items() if callable(v) and not n.startswith("__")))
         for module_name, class_name in _WATCHED_CLASSES:
             cls_obj = getattr(sys.modules.get(module_name), class_name, None)
             if isinstance(cls_obj, type):
@@ -72,11 +94,22 @@ class Snapshot:
             # in the harness's own modules, state still unset (None) may be filled in lazily
             if names is None and (name.startswith("__") or namespace[name] is None):
                 continue
-            self._record(f"{module_name}.{name}", namespace[name])
+            value = namespace[name]
+            self._record(f"{module_name}.{name}", value)
+            if names is None and isinstance(value, type) and value.__module__ == module_name:
+                # the harness's own classes: a method replaced on the class (CaseRuntime.make_inputs)
+                # leaves the class object itself as it was
+                for attr, member in list(vars(value).items()):
+                    if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)):
+                        self._record(f"{module_name}.{name}.{attr}", member)
 
     def _record(self, key: str, value: Any) -> None:
         self.ids[key] = id(value)
         self._objects.append(value)
+        code = getattr(value, "__code__", None) if isinstance(value, types.FunctionType) else None
+        if code is not None:  # fn.__code__ = other: the same function object doing something else
+            self.ids[key + _CODE] = id(code)
+            self._objects.append(code)
 
     def changed(self) -> list[str]:
         """Watched names now bound to a different object (or deleted)."""
@@ -89,9 +122,15 @@ class Snapshot:
         return problems
 
 
+_CODE = ".__code__"
+
+
 def _lookup(key: str, missing: Any) -> Any:
     # the longest prefix that is a loaded module, then attributes (class namespaces, not getattr,
     # so inherited or descriptor-made values are not mistaken for replacements)
+    if key.endswith(_CODE):
+        fn = _lookup(key[: -len(_CODE)], missing)
+        return missing if fn is missing else getattr(fn, "__code__", missing)
     parts = key.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         module = sys.modules.get(".".join(parts[:cut]))

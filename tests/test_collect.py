@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 
@@ -293,6 +294,9 @@ def test_a_bad_option_value_is_a_usage_error_at_the_start(make_case, run_kcoral,
         ("SEEN = [4096]\ndef make_inputs(s, d):\n    pass\ndef reference(a):\n    return a\n", "SEEN[[]0[]] must be a shape dict, got int 4096"),
         ("SEEN = [{'n': 1}]\nTIER = 7\ndef make_inputs(s, d):\n    pass\ndef reference(a):\n    return a\n", "TIER must be an integer from 1 to 5, got 7"),
         ("def make_inputs(s, d):\n    pass\ndef reference(a):\n    return a\n", "missing required name SEEN"),
+        # a KernelBench problem with get_inputs misspelt read as a native case missing SEEN
+        ("class Model:\n    pass\ndef get_input():\n    return []\ndef get_init_inputs():\n    return []\n",
+         "missing required function get_inputs() (read as a KernelBench problem, since it defines Model;*"),
     ],
 )
 def test_malformed_case_is_a_collection_error_and_the_rest_run(pytester, make_case, run_kcoral, case_src, problem):
@@ -328,7 +332,8 @@ def test_gpu_only_shape_skips_on_cpu(pytester, make_case, run_kcoral):
     make_case("cases/big", src, {"good": "def run(x):\n    return x * 2\n"})
     result = run_kcoral("--kcoral-mode", "correctness", "-rs")
     result.assert_outcomes(passed=1, skipped=1)
-    result.stdout.fnmatch_lines(["*gpu_only and no GPU is visible*"])
+    # located at the case, as a skip mark's reason is at its test: once at pytest_kcoral/items.py
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] cases/big/case.py:1: shape is marked gpu_only and no GPU is visible*"])
 
 
 @pytest.mark.parametrize("make", [
@@ -363,6 +368,60 @@ def test_items_are_selected_by_the_ids_the_plugin_prints(pytester, make_case, ru
     result = run_kcoral("cases/add::b", "cases/other", "--kcoral-mode", "correctness", "-n", "2")
     assert result.parseoutcomes()["passed"] == 4  # (xdist does not report workers' deselections)
     assert result.ret == 0
+
+
+def test_plain_pytest_never_imports_a_submission_into_its_own_process(pytester, make_case, run_kcoral):
+    # pytest's own collection walked the submissions folder: a team's test_*.py and conftest.py
+    # ran in the pytest process, which a candidate must never reach
+    make_case("cases/add", candidates={})
+    marker = 'import os\nopen(os.path.join({where!r}, "ran_in_%d" % os.getpid()), "w").close()\n'
+    attempt = pytester.path / "subs" / "team" / "add"
+    attempt.mkdir(parents=True)
+    (attempt / "test_attempt1.py").write_text(marker.format(where=str(pytester.path)) + "def run(a, b):\n    return a + b\n")
+    (pytester.path / "subs" / "team" / "conftest.py").write_text(marker.format(where=str(pytester.path)))
+    result = run_kcoral("--kcoral-submissions", "subs", "--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(passed=2, deselected=2)  # the bundled candidate and the team's
+    ran_in = {p.name for p in pytester.path.glob("ran_in_*")}
+    assert ran_in and f"ran_in_{os.getpid()}" not in ran_in, ran_in  # the candidate's child, never this process
+
+
+def test_a_case_folder_still_holds_its_maintainers_tests_and_cases_below_it(pytester, make_case, run_kcoral):
+    # a test_*.py beside case.py and a case in a subfolder were dropped without a word, and
+    # naming either on the command line was "not found"
+    make_case("cases/add", files={"test_reference.py": "def test_reference_is_sane():\n    assert 1 + 1 == 2\n"})
+    make_case("cases/add/variant")
+    result = run_kcoral("cases", "--co", "-q")
+    result.stdout.fnmatch_lines(["cases/add/test_reference.py::test_reference_is_sane", "cases/add/variant::good[[]seen-n=256[]]"])
+    run_kcoral("cases/add/test_reference.py").assert_outcomes(passed=1)
+
+
+def test_a_candidates_file_selects_its_items(pytester, make_case, run_kcoral):
+    make_case("cases/add", candidates={"a": "def run(a, b):\n    return a + b\n", "b": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("cases/add/candidates/b.py", "--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*cases/add::b[[]seen-n=256[]] PASSED*"])
+
+
+def test_an_id_given_to_an_option_stays_whole(pytester, make_case, run_kcoral):
+    # "--deselect cases/add::a[seen-n=256]" (space-separated) became "--deselect cases/add" and
+    # deselected the whole case, while also selecting that one item
+    make_case("cases/add", candidates={"a": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("cases", "--deselect", "cases/add::a[seen-n=256]", "--co", "-q")
+    result.stdout.fnmatch_lines(["cases/add::a[[]unseen-n=257[]]", "1/2 tests collected (1 deselected)*"])
+
+
+def test_an_id_that_names_no_item_is_not_found(pytester, make_case, run_kcoral):
+    # a typo beside a good id once ran the good one alone, status 0, without a word
+    make_case("cases/add", candidates={"a": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("cases/add::a[seen-n=256]", "cases/add::aa[seen-n=256]", "--kcoral-mode", "correctness")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: not found: cases/add::aa[[]seen-n=256[]] (no item of that case has this id*"])
+    # -k or --lf dropping a found item is no typo
+    run_kcoral("cases/add::a", "-k", "unseen", "--kcoral-mode", "correctness").assert_outcomes(passed=1, deselected=1)
+    # under xdist a worker cannot stop the session: it warns
+    result = run_kcoral("cases/add::a[seen-n=256]", "cases/add::aa", "--kcoral-mode", "correctness", "-n", "2")
+    assert result.parseoutcomes()["passed"] == 1
+    result.stdout.fnmatch_lines(["*not found: cases/add::aa (no item of that case has this id*"])
 
 
 # A GPU MODE problem's own files (generate_input draws from a generator seeded by its argument),

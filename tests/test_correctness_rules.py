@@ -113,6 +113,32 @@ def test_an_in_place_baseline_is_held_to_what_the_reference_writes(make_case, ru
         assert any(fnmatch.fnmatch(p, f"trial 1: {problem}") for p in item["extra"]["baseline_problems"]), item["extra"]
 
 
+# the same, returning the input it wrote (``a.add_(b)`` returns ``a``), as the README's model
+# in-place reference does
+RETURNING_IN_PLACE_REFERENCE = CASE_WITH_INPLACE.replace("    return a + b\n", "    return a.add_(b)\n")
+assert RETURNING_IN_PLACE_REFERENCE != CASE_WITH_INPLACE
+
+
+def test_a_reference_that_returns_its_input_lets_candidates_do_the_same(make_case, run_kcoral):
+    # a candidate identical to the reference read "output 0 shares memory with input 0", and one
+    # returning a copy failed at timing as the case's fault, blamed on a baseline "keeping state"
+    result = _graded(make_case, run_kcoral, "cases/iadd", RETURNING_IN_PLACE_REFERENCE, {
+        "same": "def run(a, b):\n    return a.add_(b)\n",
+        "copy": "def run(a, b):\n    a.add_(b)\n    return a.clone()\n",
+        # sharing memory with the other input is still refused: the reference never does
+        "other": "def run(a, b):\n    a.add_(b)\n    b.copy_(a)\n    return b\n",
+    }, passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*output 0 shares memory with input 1*"])
+    run_kcoral("-k", "same or copy").assert_outcomes(passed=2)  # timed too: the baseline is the reference
+
+
+def test_an_inplace_index_beyond_the_inputs_names_inplace(make_case, run_kcoral):
+    result = _graded(make_case, run_kcoral, "cases/add", CASE_WITH_INPLACE.replace("INPLACE = [0]", "INPLACE = [5]"),
+                     {"good": "def run(a, b):\n    return a + b\n"}, passed=0, failed=1)
+    result.stdout.fnmatch_lines(["*the case itself failed (not the candidate): ValueError: INPLACE lists input 5, but make_inputs"
+                                 " returned 2 inputs (indices 0 to 1)*"])
+
+
 def test_an_in_place_result_written_only_while_checked_fails_the_timed_check(make_case, run_kcoral):
     make_case("cases/iadd", IN_PLACE_REFERENCE, {
         "good": "def run(a, b):\n    a.add_(b)\n",
@@ -257,6 +283,17 @@ def test_one_fp8_step_is_within_the_default_tolerance_two_are_not():
     two_steps = torch.tensor([1.25, 2.0, -3.0]).to(torch.float8_e4m3fn)
     assert compare_outputs([one_step], [ref], Tolerance(None, None)) == []
     assert compare_outputs([two_steps], [ref], Tolerance(None, None))
+
+
+def test_a_near_miss_prints_the_digits_that_tell_got_from_expected():
+    import torch
+
+    from pytest_kcoral.correctness import Tolerance, compare_outputs
+
+    ref = torch.tensor([10.740100, 1.0], dtype=torch.float64)
+    out = torch.tensor([10.740105, 1.0], dtype=torch.float64)
+    (problem,) = compare_outputs([out], [ref], Tolerance(1e-7, 1e-7))
+    assert "got 10.740105, expected 10.7401" in problem, problem  # read 'got 10.7401, expected 10.7401'
 
 
 CASE_WITH_INFINITIES = _one_input_case('    y = x.clone()\n    y[0] = float("inf")\n    y[1] = float("nan")\n    return y\n', n=8)

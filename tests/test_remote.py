@@ -370,6 +370,21 @@ def test_remote_a_baseline_that_fails_its_program_fails_the_case_as_locally(make
     assert [p["role"] for p in remote["extra"]["remote"]["programs"]] == ["trusted", "candidate", "baseline"]
 
 
+def test_remote_a_baseline_that_raises_on_an_unseen_shape_leaves_the_item_untimed_as_locally(make_case, run_kcoral, pytester, kcoral_url):
+    even_only = RAISING_BASELINE_CASE.replace("UNSEEN = []", 'UNSEEN = [{"n": 65}]').replace(
+        'raise ValueError("no baseline today")', 'if x.numel() % 2:\n        raise ValueError("even sizes only")\n    return x + x')
+    make_case("cases/evens", even_only, {"good": "def run(x):\n    return x * 2\n"})
+    run_kcoral("--kcoral-json", "local.json").assert_outcomes(passed=2)
+    run_kcoral("--kcoral-url", kcoral_url, "--kcoral-json", "remote.json").assert_outcomes(passed=2)
+    nodeid = "cases/evens::good[unseen-n=65]"
+    local, remote = _items(pytester.path / "local.json")[nodeid], _items(pytester.path / "remote.json")[nodeid]
+    for item in (local, remote):
+        assert (item["correct"], item["baseline_correct"], item["speedup"]) == (True, False, None)
+        assert "ValueError: even sizes only" in item["extra"]["untimed"]
+    # no baseline program, and the candidate's carried no timing
+    assert [p["role"] for p in remote["extra"]["remote"]["programs"]] == ["trusted", "candidate"]
+
+
 def test_remote_a_reference_that_hangs_still_learns_whether_the_candidate_compiles(make_case, run_kcoral, pytester, kcoral_url):
     # the compile check once ran on what was left of the item's time, nothing, and read "does not compile"
     hanging = RAISING_BASELINE_CASE.replace("def reference(x):\n    return x * 2", "def reference(x):\n    import time\n    time.sleep(600)")

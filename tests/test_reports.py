@@ -78,7 +78,7 @@ def test_document_schema(tmp_path):
         ("cases/softmax", "naive"), ("cases/vector_add", "triton_v1"), ("cases/vector_add", "triton_v2")]
     assert doc["candidates"][1]["scored_speedup"] == pytest.approx(1.5)
     assert doc["suite"]["quadrants"] == {"both_pass": 1, "candidate_regressed": 1, "both_fail": 0,
-                                         "candidate_improved": 0, "left_out": 0}
+                                         "candidate_improved": 0, "left_out": 0, "left_out_case_failed": 0}
     assert doc["leaderboard"][0]["team"] is None
     assert doc["weak_cases"] == [{"case": "cases/softmax", "shapes": ["n=4096"]}]
     assert doc["collection_errors"][0]["nodeid"] == "cases/bad"
@@ -282,6 +282,44 @@ def test_compare_marks_regressions_the_host_sets(tmp_path):
     markdown = step_summary.render_markdown(scoring.score([item(candidate="a", speedup=1.5)]), compare=result)
     assert "- `cases/vector_add::a` 2.00x\\~ -> 1.50x\\~ (-25.0%)" in markdown
     assert "- \\~ the host's speed sets part of these speedups" in markdown
+
+
+def test_a_gate_that_compared_nothing_fails_and_says_why(tmp_path):
+    # the saved run ran from another directory: every case id differs, and the gate once passed
+    # with "0 pairs, 0 regressed" while the kernel had gone 15x slower
+    old_path = _save(tmp_path, "old.json", [item(case="audit/cases/add", candidate="a", speedup=1.25)])
+    new = scoring.score([item(case="cases/add", candidate="a", speedup=0.08)]).candidates
+    result = compare.compare_runs(compare.load_saved_run(old_path), new, 5.0, old_path)
+    assert result.nothing_matched and result.gate_failed and not result.regressions
+    LineMatcher(terminal.compare_lines(result)).fnmatch_lines([
+        "compared with *old.json (fail below -5%): 0 pairs, 0 regressed",
+        "  NOTHING COMPARED: no pair of this run is in the saved run (1 there, e.g. audit/cases/add::a; 1 here,"
+        " e.g. cases/add::a). Case ids are the case folders' paths from pytest's rootdir*",
+    ])
+    assert result.to_dict()["gate_failed"] is True
+    assert "NOTHING COMPARED" in step_summary.render_markdown(scoring.score([item(case="cases/add", candidate="a")]), compare=result)
+    # report only, nothing fails
+    assert not compare.compare_runs(compare.load_saved_run(old_path), new, None).gate_failed
+
+
+def test_report_only_compare_shows_what_moved_and_names_unmatched_pairs(tmp_path):
+    old_path = _save(tmp_path, "old.json", [item(candidate="eps", speedup=1.25), item(candidate="same", speedup=1.0),
+                                             item(candidate="gone", speedup=1.0)])
+    doc = json.loads(old_path.read_text())
+    doc["partial"] = True
+    old_path.write_text(json.dumps(doc))
+    new_items = [item(candidate="eps", speedup=0.08), item(candidate="same", speedup=1.01)]
+    result = compare.compare_runs(compare.load_saved_run(old_path), scoring.score(new_items).candidates, None, old_path)
+    assert not result.gate_failed
+    LineMatcher(terminal.compare_lines(result)).fnmatch_lines([
+        "compared with *old.json (report only): 2 pairs, 0 regressed",
+        "  cases/vector_add::eps: 1.25x -> 0.08x (-93.6%)",
+        "  cases/vector_add::same: 1.00x -> 1.01x (+1.0%)",
+        "  1 pair only in the saved run: cases/vector_add::gone",
+        "  the saved run was interrupted (partial)*",
+    ])
+    markdown = step_summary.render_markdown(scoring.score(new_items), compare=result)
+    assert "**2 pair(s) compared** (report only)" in markdown and "- `cases/vector_add::eps` 1.25x -> 0.08x (-93.6%)" in markdown
 
 
 def test_compare_skips_pairs_without_speedup(tmp_path):
@@ -576,6 +614,14 @@ def test_session_compare_fails_on_regression(fake_suite: pytest.Pytester):
     ok = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2",
                               "--kcoral-compare", str(old), "--kcoral-compare-fail", "30")
     assert ok.ret == pytest.ExitCode.OK
+    # saved from another directory: no case id matches, and the gate fails instead of passing
+    for c in doc["candidates"]:
+        c["case"] = "elsewhere/" + c["case"]
+    old.write_text(json.dumps(doc))
+    moved = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2",
+                                 "--kcoral-compare", str(old), "--kcoral-compare-fail", "30")
+    assert moved.ret == pytest.ExitCode.TESTS_FAILED
+    moved.stdout.fnmatch_lines(["  NOTHING COMPARED: no pair of this run is in the saved run*"])
 
 
 def test_session_compare_names_a_missing_file(fake_suite: pytest.Pytester):

@@ -151,6 +151,33 @@ def test_candidate_not_compiled():
     assert s.failed_stages == {"compile": 2}
 
 
+def test_a_compiler_error_on_an_unseen_shape_leaves_the_pair_compiled():
+    # a Triton static_assert that fails only at a private unseen shape: the pair compiled and is
+    # correct on every seen shape, so AgentKernelArena's compile credit stays (it read 0 before,
+    # with the suite's compile rate below its correctness rate); the unseen column shows the miss
+    (s,) = scoring.score_candidates([item(speedup=1.5), item(split="unseen", shape_id="n=3", compiled=False, correct=False)])
+    assert s.compiled and s.correct_seen and s.correct_unseen == {"n=3": False}
+    assert s.aka_score == pytest.approx(270.0)
+    # with no seen shape run (-m unseen), the unseen items decide
+    (s,) = scoring.score_candidates([item(split="unseen", shape_id="n=3", compiled=False, correct=False)])
+    assert not s.compiled
+
+
+def test_the_quadrants_say_why_they_left_items_out():
+    # an unseen item whose case failed before its baseline was checked read as "their baseline is
+    # their case's reference", also in a case that has a baseline of its own
+    failed = item(split="unseen", shape_id="n=3", correct=False)
+    failed.case_failed = True
+    reference_is_baseline = item(split="unseen", shape_id="n=5")
+    q = scoring.unseen_quadrants([failed])
+    assert (q.left_out, q.left_out_case_failed) == (1, 1)
+    assert q.note() == "; 1 unseen item(s) left out: their case failed there"
+    q = scoring.unseen_quadrants([failed, reference_is_baseline])
+    assert q.note() == ("; 2 unseen item(s) left out: 1 as their baseline is their case's reference,"
+                        " 1 as their case failed there")
+    assert scoring.unseen_quadrants([reference_is_baseline]).note() == "; 1 unseen item(s) left out: their baseline is their case's reference"
+
+
 def test_candidate_timed_by_different_methods_earns_no_speed_credit():
     # n=2 has no speedup (candidate timed by the host clock, baseline by CUPTI)
     (s,) = scoring.score_candidates([item(speedup=3.0), item(shape_id="n=2", speedup=None)])

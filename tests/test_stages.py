@@ -91,6 +91,30 @@ def test_compiler_error_at_first_call_counts_as_compile(make_case, run_kcoral, p
     assert pair["compiled"] is False and pair["aka_score"] == 0
 
 
+# Compiles and passes its correctness trials, then a compiler error once the timed calls run (a
+# new specialization that does not build): a failure to run the timed calls, not a compile failure.
+COMPILE_ERROR_ONCE_TIMED = """
+import subprocess
+calls = 0
+
+def run(a, b):
+    global calls
+    calls += 1
+    if calls > 3:
+        raise subprocess.CalledProcessError(1, ["nvcc", "specialized.cu"])
+    return a + b
+"""
+
+
+def test_a_compiler_error_once_timed_fails_the_timing_stage(make_case, run_kcoral, pytester):
+    make_case("cases/add", candidates={"late": COMPILE_ERROR_ONCE_TIMED})
+    run_kcoral("-m", "seen", "--kcoral-json", "out.json").assert_outcomes(failed=1, deselected=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    # it read stage 'compile' with compiled false and correct true
+    assert item["stage"] == "timing" and item["compiled"] is True and item["correct"] is False, item
+    assert "CalledProcessError" in item["message"]
+
+
 TRITON_AUTOTUNED = """
 import torch
 import triton
@@ -222,6 +246,15 @@ def reference(x):
     ])
 
 
+def test_an_untimed_run_writes_no_bench_lite_total_to_junit(make_case, run_kcoral, pytester):
+    # it wrote 0.0, which reads as measured, where the terminal and the step summary show '-'
+    make_case("cases/add", candidates={"good": GOOD})
+    run_kcoral("-m", "seen", "--kcoral-mode", "correctness", "--junitxml", "junit.xml").assert_outcomes(passed=1, deselected=1)
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["kcoral_pairs"] == "1" and "kcoral_bench_lite_total" not in props, props
+
+
 def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral, pytester):
     make_case("cases/add", DISAGREEING_BASELINE, {"good": GOOD})
     run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=1)
@@ -266,6 +299,25 @@ def test_a_baseline_that_exits_is_the_cases_failure_at_timing_not_the_references
     assert item["extra"]["baseline_problems"] == ["trial 1: the baseline called sys.exit(0)", "trial 2: the baseline called sys.exit(0)",
                                                   "trial 3: the baseline called sys.exit(0)"]
     assert item["stage"] == "timing" and item["phase"] == "baseline" and item["case_failed"] is True
+
+
+def test_a_baseline_that_raises_on_an_unseen_shape_is_the_candidates_improvement(make_case, run_kcoral, pytester):
+    # a kernel-to-kernel task whose original kernel handles even sizes only: on the odd unseen
+    # shape the candidate that generalizes is 'candidate improved', not a failed case (it read as
+    # both at once: a CASE FAILED item counted in the quadrants as an improvement)
+    even_only = RAISING_BASELINE.replace('UNSEEN = []', 'UNSEEN = [{"n": 65}]').replace(
+        'raise ValueError("no baseline today")', 'if a.numel() % 2:\n        raise ValueError("even sizes only")\n    return a + b')
+    make_case("cases/add", even_only, {"good": GOOD})
+    result = run_kcoral("--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2)
+    assert "CASE FAILED" not in result.stdout.str()
+    doc = json.loads((pytester.path / "out.json").read_text())
+    seen, unseen = doc["items"]
+    assert seen["speedup"] is not None and seen["baseline_correct"] is True
+    assert unseen["correct"] is True and unseen["baseline_correct"] is False and unseen["speedup"] is None
+    assert unseen["extra"]["untimed"].startswith("the baseline raises on this unseen shape"), unseen["extra"]
+    assert "ValueError: even sizes only" in unseen["extra"]["untimed"]
+    assert doc["suite"]["quadrants"]["candidate_improved"] == 1 and doc["cases"][0]["case_failed_shapes"] == []
 
 
 def test_starting_the_baseline_child_does_not_use_up_the_items_time(make_case, run_kcoral, pytester):

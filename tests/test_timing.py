@@ -180,7 +180,7 @@ def test_benchmark_returns_the_documented_keys() -> None:
                                      input_sets=[(1, 2), (3, 4)], budget_s=0.1, device="cpu",
                                      on_output=lambda i, out: seen.append(out))
     expected = {f for f in TimingStats.__dataclass_fields__} | {
-        "latency_ms_median", "latency_ms_min", "latency_ms_iqr"}
+        "latency_ms_median", "latency_ms_mean", "latency_ms_min", "latency_ms_max", "latency_ms_iqr"}
     assert expected <= set(result)
     assert result["method"] == "wall"
     assert result["latency_ms_median"] == pytest.approx(result["median_us"] / 1e3)
@@ -382,6 +382,18 @@ def test_combine_rounds_refuses_mixed_methods_and_empty_input():
         timing.combine_rounds([TimingStats(method="wall", median_us=1.0)])
 
 
+def test_benchmark_takes_kcorals_trailing_configuration_dict():
+    # kcoral.builtins.benchmark(fn, *tensors, cfg): the dict went on to fn, a TypeError
+    calls: list[int] = []
+    result = pytest_kcoral.benchmark(lambda a: calls.append(a), 1, {"warmup": 4, "repeat": 9, "warmup_ms": 0, "repeat_ms": 500})
+    assert result["n"] == 9 and calls.count(1) >= 4 + 9
+    assert result["latency_ms_min"] <= result["latency_ms_mean"] <= result["latency_ms_max"]
+    # a dict holding other keys is the function's own argument
+    seen: list[dict] = []
+    pytest_kcoral.benchmark(lambda d: seen.append(d), {"alpha": 2}, budget_s=0.01)
+    assert seen and seen[-1] == {"alpha": 2}
+
+
 def test_benchmark_returns_its_samples_in_call_order():
     result = pytest_kcoral.benchmark(lambda: None, budget_s=0.01, min_samples=7, warmup_s=0.0)
     assert len(result["samples_us"]) == result["n"] >= 7
@@ -533,3 +545,33 @@ def test_garbage_collector_is_off_while_timing_and_back_on_after() -> None:
     timing.measure(lambda i: states.append(gc.isenabled()), n_sets=1, budget_s=0.01, warmup_s=0.0)
     assert states and not any(states)
     assert gc.isenabled()
+
+
+def test_time_outside_the_windows_beyond_the_baselines_is_charged():
+    def rounds(*outside: float | None) -> list[TimingStats]:
+        return [TimingStats(method="cupti", median_us=10.0, min_us=9.0, outside_us=o) for o in outside]
+
+    base = rounds(40.0, 40.0, 40.0)
+    # within the slack (50 us + the baseline's own 40 us): two processes' noise, nothing charged
+    near = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
+    assert timing.charge_outside_work(base, rounds(120.0, 120.0, 120.0), near) == 0.0 and near.median_us == 10.0 and not near.flags
+    # beyond it: the excess over the slack is the candidate's
+    far = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
+    assert timing.charge_outside_work(base, rounds(1130.0, 1130.0, 1130.0), far) == pytest.approx(1000.0)
+    assert (far.median_us, far.min_us) == (pytest.approx(1010.0), pytest.approx(1009.0))
+    assert far.flags[0].startswith("outside_window_excess_us=1000.0: the candidate's calls spent 1130.0 us")
+    # the median pair decides: one round the host slowed on the candidate's side charges nothing
+    once = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
+    assert timing.charge_outside_work(base, rounds(45.0, 5000.0, 41.0), once) == 0.0
+    # pairs left out (``undisturbed_pairs``) count for nothing either way
+    assert timing.charge_outside_work(base, rounds(45.0, 5000.0, 5000.0), TimingStats(method="cupti", median_us=1.0), keep=[0]) == 0.0
+    # unknown on either side (a remote server of an older harness): nothing
+    assert timing.charge_outside_work(rounds(None, None, None), rounds(1130.0, 1130.0, 1130.0), far) == 0.0
+
+
+def test_every_timed_call_accounts_for_its_time_outside_the_window():
+    refreshed: list[int] = []
+    stats_ = timing.measure(lambda k: None, n_sets=2, refresh=lambda k: busy_wait(0.0005) or refreshed.append(k),
+                            budget_s=0.05, warmup_s=0.0)
+    assert stats_.outside_us is not None and stats_.outside_us >= 500.0  # the refresh's half millisecond
+    assert stats_.median_us < 400.0

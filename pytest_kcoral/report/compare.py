@@ -57,6 +57,7 @@ class SavedRun:
     host_set: set[tuple[str, str]] = field(default_factory=set)  # pairs whose seen mean carried ~
     timed_by: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # methods of the seen speedups
     gpus: tuple[str, ...] = ()  # GPU models of the saved run's host
+    partial: bool = False  # the saved run was interrupted: its pairs may rest on fewer items
 
 
 def pair_methods(items: Iterable[tuple[str, str, str, str | None, float | None]]) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -112,6 +113,7 @@ def load_saved_run(path: str | Path) -> SavedRun:
             (str(i.get("case")), str(i.get("candidate")), i.get("split"), i.get("timer"), i.get("speedup"))
             for i in items if isinstance(i, dict))
     saved.gpus = gpu_models(doc.get("environment") if isinstance(doc.get("environment"), dict) else None)
+    saved.partial = doc.get("partial") is True
     return saved
 
 
@@ -142,10 +144,23 @@ class CompareResult:
     only_new: list[tuple[str, str]] = field(default_factory=list)
     old_gpus: tuple[str, ...] = ()
     new_gpus: tuple[str, ...] = ()
+    old_partial: bool = False
 
     @property
     def regressions(self) -> list[CompareRow]:
         return [r for r in self.rows if r.regressed]
+
+    @property
+    def nothing_matched(self) -> bool:
+        """Both runs have pairs and none is in both: most often the case ids differ (they are the
+        case folders' paths from pytest's rootdir, which follows the working directory)."""
+        return not self.rows and bool(self.only_old) and bool(self.only_new)
+
+    @property
+    def gate_failed(self) -> bool:
+        """The session fails: a pair regressed, or a gate (``--kcoral-compare-fail``) compared
+        nothing at all, which must not pass for 'no regression'."""
+        return bool(self.regressions) or (self.threshold_pct is not None and self.nothing_matched)
 
     @property
     def not_comparable(self) -> list[CompareRow]:
@@ -172,6 +187,8 @@ class CompareResult:
             "only_new": [list(k) for k in self.only_new],
             "old_gpus": list(self.old_gpus),
             "new_gpus": list(self.new_gpus),
+            "old_partial": self.old_partial,
+            "gate_failed": self.gate_failed,
         }
 
 
@@ -195,7 +212,7 @@ def compare_runs(
     items) and ``gpus`` (``gpu_models`` of this host) say how alike the runs are. Pairs without a
     speedup on either side are listed with ``change_pct`` None, and pairs timed by other methods
     in the two runs are not comparable: neither ever counts as a regression."""
-    result = CompareResult(path=str(path), threshold_pct=threshold_pct, old_gpus=saved.gpus, new_gpus=gpus)
+    result = CompareResult(path=str(path), threshold_pct=threshold_pct, old_gpus=saved.gpus, new_gpus=gpus, old_partial=saved.partial)
     timed_by = timed_by or {}
     new = {c.key: c for c in candidates}
     for key in sorted(set(saved.speedups) & set(new)):
@@ -223,9 +240,33 @@ def fmt_change(row: CompareRow) -> str:
     return f"{old} -> {new}{change}"
 
 
+def largest_changes(result: CompareResult, limit: int = NAMED_PAIRS * 2) -> list[CompareRow]:
+    """The compared pairs that moved most, either way: what a report-only comparison shows."""
+    return sorted(result.compared, key=lambda r: -abs(r.change_pct or 0.0))[:limit]
+
+
+def _named(pairs: Sequence[tuple[str, str]]) -> str:
+    more = f"; and {len(pairs) - NAMED_PAIRS} more" if len(pairs) > NAMED_PAIRS else ""
+    return "; ".join(pair_name(case, candidate) for case, candidate in pairs[:NAMED_PAIRS]) + more
+
+
 def caveats(result: CompareResult) -> list[str]:
     """What makes the two runs less alike than a comparison assumes, one line each."""
     lines = []
+    if result.nothing_matched:
+        lines.append(f"NOTHING COMPARED: no pair of this run is in the saved run ({len(result.only_old)} there, e.g."
+                     f" {pair_name(*result.only_old[0])}; {len(result.only_new)} here, e.g. {pair_name(*result.only_new[0])})."
+                     " Case ids are the case folders' paths from pytest's rootdir: run from where the saved run ran,"
+                     " or pass the same --rootdir")
+    elif result.only_old or result.only_new:
+        if result.only_old:
+            lines.append(f"{len(result.only_old)} pair{'s' if len(result.only_old) != 1 else ''} only in the saved run:"
+                         f" {_named(result.only_old)}")
+        if result.only_new:
+            lines.append(f"{len(result.only_new)} pair{'s' if len(result.only_new) != 1 else ''} only in this run:"
+                         f" {_named(result.only_new)}")
+    if result.old_partial:
+        lines.append("the saved run was interrupted (partial): its speedups may rest on fewer items than this run's")
     if result.other_gpus:
         lines.append(f"the saved run ran on {', '.join(result.old_gpus)}, this one on {', '.join(result.new_gpus)}:"
                      " speedups move with the GPU")

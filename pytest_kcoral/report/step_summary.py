@@ -25,7 +25,7 @@ from pytest_kcoral.report import (
     no_seen_note,
     nothing_timed,
 )
-from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change
+from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change, largest_changes
 from pytest_kcoral.scoring import Scores
 
 ENV_VAR = "GITHUB_STEP_SUMMARY"
@@ -114,10 +114,14 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
             team = _cell(e.team) if e.team is not None else "(bundled)"
             out.append(f"| {e.rank} | {team} | {fmt_speed_score(e.bench_lite_total, s.timed)} |"
                        f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
-    if compare is not None and (compare.regressions or caveats(compare)):
-        out += ["", f"**{len(compare.regressions)} regression(s)** against `{compare.path}`:", ""]
-        out += [f"- `{r.case}::{r.candidate}` {_escape_mark(fmt_change(r))}" for r in compare.regressions]
-        out += [f"- {_escape_mark(line)}" for line in caveats(compare)]
+    if compare is not None:
+        shown = compare.regressions if compare.threshold_pct is not None else largest_changes(compare)
+        if shown or caveats(compare):
+            head = (f"**{len(compare.regressions)} regression(s)**" if compare.threshold_pct is not None
+                    else f"**{len(compare.compared)} pair(s) compared** (report only)")
+            out += ["", f"{head} against `{compare.path}`:", ""]
+            out += [f"- `{r.case}::{r.candidate}` {_escape_mark(fmt_change(r))}" for r in shown]
+            out += [f"- {_escape_mark(line)}" for line in caveats(compare)]
     return "\n".join(out) + "\n"
 
 

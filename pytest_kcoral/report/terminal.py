@@ -28,7 +28,7 @@ from pytest_kcoral.report import (
     pair_name,
     speed_of_light_lines,
 )
-from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change
+from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change, largest_changes
 from pytest_kcoral.scoring import Scores, TimerUse
 
 NAME_WIDTH = 40
@@ -120,6 +120,11 @@ def compare_lines(result: CompareResult) -> list[str]:
     lines = [f"compared with {result.path} ({threshold}): {n} pair{'s' if n != 1 else ''},"
              f" {len(result.regressions)} regressed"]
     lines += [f"  REGRESSION {pair_name(r.case, r.candidate)}: {fmt_change(r)}" for r in result.regressions]
+    if result.threshold_pct is None:  # report only: what moved, since nothing can fail
+        shown = largest_changes(result)
+        lines += [f"  {pair_name(r.case, r.candidate)}: {fmt_change(r)}" for r in shown]
+        if len(result.compared) > len(shown):
+            lines.append(f"  ... {len(result.compared) - len(shown)} more in the JSON (compare.rows)")
     return lines + [f"  {line}" for line in caveats(result)]
 
 
@@ -155,6 +160,6 @@ def summary_lines(
 def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str]) -> None:
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
-        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "CASE FAILED",
+        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "NOTHING COMPARED", "CASE FAILED",
                                         "NO SEEN SHAPE"))
         terminalreporter.write_line(line, red=red)

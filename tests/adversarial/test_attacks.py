@@ -441,3 +441,267 @@ def test_kept_children_a_candidate_stopped_run_again_for_the_next_item(make_case
     result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-timeout", "20", "-p", "no:randomly", "-v")
     result.assert_outcomes(passed=4)  # both shapes of both candidates; the later ones need the trusted child
     assert "the case itself failed" not in result.stdout.str()
+
+
+# The case's reference (and a helper it imports) as a planted .pyc would have them: compiled from
+# other source, stamped with the real source's size and time, so Python would take it for the
+# source's own cache.
+POISONED_CASE = """
+import torch
+from helper import combine
+SEEN = [{"n": 64}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return combine(a, b)
+"""
+
+
+def _plant_pyc(source_file, planted_source: str) -> None:
+    import importlib.util
+    from importlib._bootstrap_external import _code_to_timestamp_pyc
+
+    stat = source_file.stat()
+    code = compile(planted_source, str(source_file), "exec")
+    target = importlib.util.cache_from_source(str(source_file))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "wb") as f:
+        f.write(_code_to_timestamp_pyc(code, int(stat.st_mtime), stat.st_size))
+
+
+def test_a_planted_pyc_never_runs_in_place_of_the_cases_source(make_case, run_kcoral, pytester):
+    """A candidate without --kcoral-sandbox can write a case's __pycache__ (here, before the
+    session: an earlier session's candidate). The pytest process and every child compile the
+    case and its helpers from their source: a wrong candidate matching the planted reference
+    fails, the right one passes."""
+    folder = make_case("cases/add", POISONED_CASE, {"right": "def run(a, b):\n    return a + b\n",
+                                                    "planted": "def run(a, b):\n    return a - b\n"},
+                       files={"helper.py": "def combine(a, b):\n    return a + b\n"})
+    _plant_pyc(folder / "case.py", POISONED_CASE.replace("return combine(a, b)", "return a - b"))
+    _plant_pyc(folder / "helper.py", "def combine(a, b):\n    return a - b\n")
+    result = run_kcoral("--kcoral-mode", "correctness", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*cases/add::planted?seen-n=64? FAILED*"])
+
+
+# The work of a timed call done where it is not timed: the harness refreshes the next call's
+# inputs outside the window, through the case's make_inputs.
+REPLACES_THE_CASES_MAKE_INPUTS = """
+import sys
+import torch
+_ready = []
+for _name, _module in list(sys.modules.items()):
+    if _name.startswith("_kcoral_case_") and callable(getattr(_module, "make_inputs", None)):
+        def _hooked(shape, device, _real=_module.make_inputs):
+            fresh = _real(shape, device)
+            _ready[:] = [fresh[0] + fresh[1]]
+            return fresh
+        _module.make_inputs = _hooked
+
+def run(a, b):
+    return _ready.pop() if _ready else a + b
+"""
+
+
+def test_replacing_the_cases_functions_is_detected(make_case, run_kcoral):
+    # it passed at 27-110x: the harness looked make_inputs up on the case's module at every refresh
+    result = _grade(make_case, run_kcoral, REPLACES_THE_CASES_MAKE_INPUTS, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': *replaced functions the harness relies on*_kcoral_case_*.make_inputs*"])
+
+
+SLOW_CASE = """
+import time
+import torch
+SEEN = [{"n": 256}]
+
+def _spin(seconds):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    _spin(0.002)
+    return a + b
+"""
+
+# The same work, moved into torch.randn (which no snapshot watches): the refresh calls it for the
+# next call's inputs, so the answer is ready, computed outside the window, when the call comes.
+WORKS_IN_THE_INPUT_REFRESH = """
+import gc
+import time
+import torch
+_real_randn = torch.randn
+_made, _ready = [], []
+
+def _spin(seconds):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+def _randn(*args, **kwargs):
+    t = _real_randn(*args, **kwargs)
+    if not gc.isenabled():  # the timing loop: the harness is refreshing the next call's inputs
+        _made.append(t)
+        if len(_made) == 2:
+            _spin(0.002)
+            _ready[:] = [_made[0] + _made[1]]
+            _made.clear()
+    return t
+
+torch.randn = _randn
+
+def run(a, b):
+    if _ready:
+        return _ready.pop()
+    _spin(0.002)
+    return a + b
+"""
+
+
+def test_work_done_outside_the_timing_window_is_charged(make_case, run_kcoral, pytester):
+    import json
+
+    make_case("cases/slow", SLOW_CASE, {"attack": WORKS_IN_THE_INPUT_REFRESH, "honest": "from case_src import *\n"})
+    (pytester.path / "cases/slow/candidates/honest.py").write_text(
+        "import time\n\ndef run(a, b):\n    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.002:\n        pass\n    return a + b\n")
+    result = run_kcoral("--kcoral-timing-budget", "0.1", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2)
+    items = {i["candidate"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
+    attack, honest = items["attack"], items["honest"]
+    # it read about 2 ms against a few microseconds, a speedup in the hundreds
+    assert attack["speedup"] < 1.3, (attack["candidate_timing"], attack["baseline_timing"])
+    assert any(f.startswith("outside_window_excess_us=") for f in attack["candidate_timing"]["flags"]), attack["candidate_timing"]["flags"]
+    assert not any(f.startswith("outside_window_excess_us=") for f in honest["candidate_timing"]["flags"]), (
+        honest["candidate_timing"], honest["baseline_timing"])
+
+
+TWO_SEEN_SHAPES = """
+import torch
+SEEN = [{"n": 256}, {"n": 128}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+"""
+
+# A reply nested deeper than the parent's recursion limit, written straight into the channel on
+# the shape that the candidate gets wrong: the item vanished from the JSON and the scores, and
+# the pair read correct on every seen shape.
+DEEP_REPLY = """
+import gc
+from multiprocessing.connection import Connection
+
+def run(a, b):
+    if a.numel() == 256:
+        return a + b
+    for conn in [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed and o.writable]:
+        conn.send_bytes(b"[" * 100000 + b"]" * 100000)
+    return a - b
+"""
+
+
+def test_a_reply_nested_too_deeply_fails_its_item_and_stays_in_the_json(make_case, run_kcoral, pytester):
+    import json
+
+    make_case("cases/add", TWO_SEEN_SHAPES, {"attack": DEEP_REPLY})
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1, failed=1)
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert len(doc["items"]) == 2
+    failed = [i for i in doc["items"] if i["outcome"] == "failed"]
+    assert len(failed) == 1 and "nested too deeply" in failed[0]["message"], failed
+    (pair,) = doc["candidates"]
+    assert pair["correct_seen"] is False and pair["seen_items"] == 2
+
+
+
+# A reply that claims a 1.5 GiB tensor: the parent allocated whatever a skeleton claimed, and
+# read it all before it checked whom the reply answered (pytest's memory grew by the claim).
+# Once with a forged sequence number, once with the command's own, read from the harness's frames.
+FLOODS_THE_PARENT = """
+import gc, inspect, json, os, struct
+from multiprocessing.connection import Connection
+
+def run(a, b):
+    frame, seq, nonce = inspect.currentframe(), None, None
+    while frame is not None:
+        h = frame.f_locals.get("header")
+        if isinstance(h, dict) and "nonce" in h:
+            seq, nonce = h["seq"], h["nonce"]
+        frame = frame.f_back
+    header = {"ok": True, "seq": seq if ANSWERS else 999, "nonce": nonce, "payload": True}
+    skeleton = {"dict": {"outputs": [{"tensor": 0, "dtype": "uint8", "shape": [3 << 29]}], "written": []}}
+    zeros = bytes(16 << 20)
+    for conn in [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed and o.writable]:
+        conn.send_bytes(json.dumps(header).encode())
+        conn.send_bytes(json.dumps(skeleton).encode())
+        os.write(conn.fileno(), struct.pack("!i", 3 << 29))  # the frame's true length, then its bytes
+        for _ in range(96):
+            os.write(conn.fileno(), zeros)
+    return a + b
+"""
+
+
+@pytest.mark.parametrize(("answers", "message"), [
+    (False, "a reply in phase 'correctness' does not answer the command sent (sequence 999, expected *)"),
+    (True, "sent a malformed message in phase 'correctness': a payload of 1610612736 bytes of tensors, more than the * this reply can need"),
+])
+def test_a_reply_cannot_make_the_parent_allocate_what_it_claims(make_case, run_kcoral, answers, message):
+    result = _grade(make_case, run_kcoral, f"ANSWERS = {answers}\n" + FLOODS_THE_PARENT, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines([f"*kcoral correctness failed*: {message}*"])
+
+
+# Kill the template every child is forked from (the same user may), leaving a detached process
+# behind: the template's orphan sweep went with it, and multiprocessing quietly started a new
+# template, outside --kcoral-sandbox, for every later child.
+KILLS_THE_TEMPLATE = f"""
+import ctypes, os, signal
+
+def run(a, b):
+    if os.fork() == 0:  # detached, and out of the template's reach once the template is gone
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp("sleep", ["{attacks.MARKER}-template-orphan", "60"])
+        os._exit(0)
+    ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG off: this process outlives the template
+    os.kill(os.getppid(), signal.SIGKILL)
+    os._exit(0)  # before the child's audit can find what it left: that lands at init, not the dead template
+"""
+
+# fails where it runs in the host's network namespace, out of the sandbox
+OUTSIDE_THE_SANDBOX_FAILS = """
+import os
+
+def run(a, b):
+    if os.readlink("/proc/self/ns/net") == os.environ.get("KCORAL_TEST_HOST_NET"):
+        raise RuntimeError("running outside the sandbox")
+    return a + b
+"""
+
+
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["plain", "sandbox"])
+def test_killing_the_template_fails_the_item_and_changes_nothing_for_the_next(make_case, run_kcoral, monkeypatch, sandboxed):
+    if sandboxed:
+        if not _bwrap_works():
+            pytest.skip("bubblewrap (bwrap) is not installed or cannot create a sandbox here")
+        monkeypatch.setenv("KCORAL_TEST_HOST_NET", os.readlink("/proc/self/ns/net"))
+    make_case("cases/add", candidates={"a_killer": KILLS_THE_TEMPLATE, "b_later": OUTSIDE_THE_SANDBOX_FAILS})
+    result = run_kcoral(*CORRECTNESS, "-p", "no:randomly", "-v", *(["--kcoral-sandbox"] if sandboxed else []))
+    result.assert_outcomes(passed=1, failed=1, deselected=2)
+    result.stdout.fnmatch_lines(["kcoral correctness failed: the process every child is forked from (the harness's template) died while this item ran*"])
+    assert _no_marker_processes(f"{attacks.MARKER}-template-orphan") == []
+
+
+def _bwrap_works() -> bool:
+    from test_sandbox import _bwrap_works as works
+
+    return works()
