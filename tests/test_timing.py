@@ -567,6 +567,10 @@ def test_time_outside_the_windows_beyond_the_baselines_is_charged():
     assert timing.charge_outside_work(base, rounds(45.0, 5000.0, 5000.0), TimingStats(method="cupti", median_us=1.0), keep=[0]) == 0.0
     # unknown on either side (a remote server of an older harness): nothing
     assert timing.charge_outside_work(rounds(None, None, None), rounds(1130.0, 1130.0, 1130.0), far) == 0.0
+    # on a CPU (the wall clock) the slack is three times the baseline's own: 50 + 120 us here
+    wall = TimingStats(method="wall", median_us=10.0, min_us=9.0)
+    assert timing.charge_outside_work(base, rounds(200.0, 200.0, 200.0), wall) == 0.0
+    assert timing.charge_outside_work(base, rounds(1210.0, 1210.0, 1210.0), wall) == pytest.approx(1000.0)
 
 
 def test_every_timed_call_accounts_for_its_time_outside_the_window():

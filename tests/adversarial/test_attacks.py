@@ -512,10 +512,14 @@ def test_replacing_the_cases_functions_is_detected(make_case, run_kcoral):
     result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': *replaced functions the harness relies on*_kcoral_case_*.make_inputs*"])
 
 
-SLOW_CASE = """
+# Each call's work: long beside the harness's own time between calls (0.3-0.6 ms here, and a CPU's
+# slack is three times that: ``timing.OUTSIDE_SLACK_FRACTION``), so moving it matters.
+WORK_S = 0.02
+
+SLOW_CASE = f"""
 import time
 import torch
-SEEN = [{"n": 256}]
+SEEN = [{{"n": 256}}]
 
 def _spin(seconds):
     t0 = time.perf_counter()
@@ -526,30 +530,33 @@ def make_inputs(shape, device):
     return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
 
 def reference(a, b):
-    _spin(0.002)
+    _spin({WORK_S})
     return a + b
 """
 
-# The same work, moved into torch.randn (which no snapshot watches): the refresh calls it for the
-# next call's inputs, so the answer is ready, computed outside the window, when the call comes.
-WORKS_IN_THE_INPUT_REFRESH = """
-import gc
+SPIN = """
 import time
-import torch
-_real_randn = torch.randn
-_made, _ready = [], []
 
 def _spin(seconds):
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         pass
+"""
+
+# The same work, moved into torch.randn: the refresh calls it for the next call's inputs, so the
+# answer is ready, computed outside the window, when the call comes.
+WORKS_IN_THE_INPUT_REFRESH = SPIN + f"""
+import gc
+import torch
+_real_randn = torch.randn
+_made, _ready = [], []
 
 def _randn(*args, **kwargs):
     t = _real_randn(*args, **kwargs)
     if not gc.isenabled():  # the timing loop: the harness is refreshing the next call's inputs
         _made.append(t)
         if len(_made) == 2:
-            _spin(0.002)
+            _spin({WORK_S})
             _ready[:] = [_made[0] + _made[1]]
             _made.clear()
     return t
@@ -559,26 +566,82 @@ torch.randn = _randn
 def run(a, b):
     if _ready:
         return _ready.pop()
-    _spin(0.002)
+    _spin({WORK_S})
     return a + b
 """
+
+# The same through a library the case uses while it makes its inputs, which no snapshot watches (a
+# package of the project's own, einops, numpy...): here ``caselib``, beside the case in ``lib/``.
+CASELIB = "def finish(a, b):\n    return a, b\n"
+
+SLOW_CASE_WITH_A_LIBRARY = SLOW_CASE.replace(
+    "    return torch.randn(shape[\"n\"], device=device), torch.randn(shape[\"n\"], device=device)",
+    "    return caselib.finish(torch.randn(shape[\"n\"], device=device), torch.randn(shape[\"n\"], device=device))").replace(
+    "import time\n", "import os, sys, time\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), 'lib'))\nimport caselib\n", 1)
+
+WORKS_IN_A_LIBRARY_CALL = SPIN + f"""
+import gc
+import caselib
+_real_finish = caselib.finish
+_ready = []
+
+def _finish(a, b):
+    if not gc.isenabled():  # the timing loop: the harness is refreshing the next call's inputs
+        _spin({WORK_S})
+        _ready[:] = [a + b]
+    return _real_finish(a, b)
+
+caselib.finish = _finish
+
+def run(a, b):
+    if _ready:
+        return _ready.pop()
+    _spin({WORK_S})
+    return a + b
+"""
+
+HONEST_SLOW = SPIN + f"""
+def run(a, b):
+    _spin({WORK_S})
+    return a + b
+"""
+
+
+def earned_at_most(item: dict) -> float:
+    """The speedup a candidate that moved its work out of the timing windows can still earn: the
+    charge leaves it the slack (``timing.charge_outside_work``), named in its flag."""
+    import re
+
+    (flag,) = [f for f in item["candidate_timing"]["flags"] if f.startswith("outside_window_excess_us=")]
+    slack_us = float(re.search(r"\(slack ([0-9.]+) us\)", flag).group(1))
+    t_baseline = item["t_baseline_us"]
+    return 1.1 * t_baseline / max(t_baseline - slack_us, 1e-9)
+
+
+def test_replacing_torchs_input_makers_is_detected(make_case, run_kcoral):
+    make_case("cases/slow", SLOW_CASE, {"attack": WORKS_IN_THE_INPUT_REFRESH})
+    result = run_kcoral(*FULL)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': *replaced functions the harness relies on*torch.randn*"])
 
 
 def test_work_done_outside_the_timing_window_is_charged(make_case, run_kcoral, pytester):
     import json
 
-    make_case("cases/slow", SLOW_CASE, {"attack": WORKS_IN_THE_INPUT_REFRESH, "honest": "from case_src import *\n"})
-    (pytester.path / "cases/slow/candidates/honest.py").write_text(
-        "import time\n\ndef run(a, b):\n    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.002:\n        pass\n    return a + b\n")
+    assert SLOW_CASE_WITH_A_LIBRARY != SLOW_CASE
+    folder = make_case("cases/slow", SLOW_CASE_WITH_A_LIBRARY, {"attack": WORKS_IN_A_LIBRARY_CALL, "honest": HONEST_SLOW})
+    (folder / "lib").mkdir()
+    (folder / "lib" / "caselib.py").write_text(CASELIB)
     result = run_kcoral("--kcoral-timing-budget", "0.1", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=2)
     items = {i["candidate"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
     attack, honest = items["attack"], items["honest"]
-    # it read about 2 ms against a few microseconds, a speedup in the hundreds
-    assert attack["speedup"] < 1.3, (attack["candidate_timing"], attack["baseline_timing"])
-    assert any(f.startswith("outside_window_excess_us=") for f in attack["candidate_timing"]["flags"]), attack["candidate_timing"]["flags"]
+    # it read 20 ms against a few microseconds, a speedup in the thousands; charged, it earns at
+    # most the slack the charge allows
+    assert attack["speedup"] <= earned_at_most(attack), json.dumps((attack["candidate_timing"], attack["baseline_timing"]))
     assert not any(f.startswith("outside_window_excess_us=") for f in honest["candidate_timing"]["flags"]), (
         honest["candidate_timing"], honest["baseline_timing"])
+    assert 0.8 < honest["speedup"] < 1.25, honest["speedup"]
 
 
 TWO_SEEN_SHAPES = """

@@ -196,3 +196,63 @@ def test_a_poisoned_triton_cache_never_reaches_the_baseline(make_case, run_kcora
     assert any(f.read_bytes() == b"poisoned" for f in cache.rglob("*.cubin")), "the poisoner did not run"
     assert item["baseline_correct"] is True, item
     assert item["speedup"] is not None and 0.5 < item["speedup"] < 2.0, item
+
+
+# A matmul long enough (about 2.7 ms on an H200) that its work, moved out of the timing window,
+# stands above the slack the outside-window charge allows (50 us and the baseline's own time
+# there). Its inputs pass through a library of the case's (``caselib``, in ``lib/``), which no
+# snapshot watches: the candidate does the work there, in the harness's refresh of the next call's
+# inputs (torch.randn itself is watched: ``test_attacks.py``).
+CASELIB = "def finish(a, b):\n    return a, b\n"
+
+MATMUL_CASE = """
+import os, sys
+import torch
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+import caselib
+SEEN = [{"n": 4096}]
+
+def make_inputs(shape, device):
+    n = shape["n"]
+    return caselib.finish(torch.randn(n, n, device=device), torch.randn(n, n, device=device))
+
+def reference(a, b):
+    return a @ b
+"""
+
+MATMUL_IN_THE_REFRESH = """
+import gc
+import torch
+import caselib
+_real_finish = caselib.finish
+_ready = []
+
+def _finish(a, b):
+    if not gc.isenabled():  # the timing loop: the harness is refreshing the next call's inputs
+        _ready[:] = [a @ b]
+        torch.cuda.synchronize()
+    return _real_finish(a, b)
+
+caselib.finish = _finish
+
+def run(a, b):
+    return _ready.pop() if _ready else a @ b
+"""
+
+
+def test_work_moved_out_of_the_timing_window_is_charged_on_a_gpu(make_case, run_kcoral_gpu, pytester):
+    import re
+
+    folder = make_case("cases/mm", MATMUL_CASE, {"refresh": MATMUL_IN_THE_REFRESH, "plain": "def run(a, b):\n    return a @ b\n"})
+    (folder / "lib").mkdir()
+    (folder / "lib" / "caselib.py").write_text(CASELIB)
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.5", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2)
+    items = _items(pytester)
+    cheat, plain = items["refresh"], items["plain"]
+    flags = [f for f in cheat["candidate_timing"]["flags"] if f.startswith("outside_window_excess_us=")]
+    assert flags, cheat["candidate_timing"]
+    # charged, it earns at most the slack (it read about 2.7 ms against a few microseconds)
+    slack_us = float(re.search(r"\(slack ([0-9.]+) us\)", flags[0]).group(1))
+    assert cheat["speedup"] <= 1.1 * cheat["t_baseline_us"] / (cheat["t_baseline_us"] - slack_us), (cheat["speedup"], flags)
+    assert not any(f.startswith("outside_window_excess_us=") for f in plain["candidate_timing"]["flags"]), plain["candidate_timing"]
