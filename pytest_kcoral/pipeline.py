@@ -224,23 +224,30 @@ class LocalExecutor:
         except Exception as exc:  # noqa: BLE001 - a harness error (or one a child provoked): failed, never lost
             # an item without a result is missing from the JSON and every score; a candidate that
             # could provoke one (a reply the parent chokes on) would hide its failing shapes
-            result.stage = "timing" if result.correct else ("correctness" if result.compiled else "compile")
-            result.outcome = "failed"
-            result.correct = False if result.compiled else None
-            result.message = f"the harness failed on this item: {type(exc).__name__}: {exc}"[:2000]
-            result.extra["harness_error"] = True
+            self._fail_after_the_stages(result, f"the harness failed on this item: {type(exc).__name__}: {exc}"[:2000], "harness_error")
         finally:
             result.duration_s = time.monotonic() - started
         if self.settings.url is None and isolation.template_lost():
             # the template every child is forked from died while this item ran: its candidate (the
             # same user) killed it, to switch off the sandbox or the orphan sweep for what follows
-            if result.stage == "done":
-                result.stage = "correctness" if self.settings.mode == "correctness" else "timing"
-            result.outcome, result.correct = "failed", False if result.compiled else None
-            result.message = ("the process every child is forked from (the harness's template) died while this item ran: killed by"
-                              " the candidate? Its processes were stopped and the template started anew")
-            result.extra["template_killed"] = True
+            self._fail_after_the_stages(result, "the process every child is forked from (the harness's template) died while this item"
+                                                " ran: killed by the candidate? Its processes were stopped and the template started anew",
+                                        "template_killed")
         return result
+
+    def _fail_after_the_stages(self, result: ItemResult, why: str, marker: str) -> None:
+        """Fail an item for what went wrong around its stages (``extra[marker]`` says what): at the
+        stage it had reached, and not correct once it compiled, so that nothing a candidate can
+        provoke earns a grade. A failure the stages had found already stays in the message."""
+        if result.outcome != "failed":
+            timed = result.correct and self.settings.mode != "correctness"
+            result.stage = "timing" if timed else ("correctness" if result.compiled else "compile")
+        elif result.message:
+            why = f"{why}\n(before that: {result.message.splitlines()[0]})"
+        result.outcome = "failed"
+        result.correct = False if result.compiled else None
+        result.message = why
+        result.extra[marker] = True
 
     # -- stages -----------------------------------------------------------------------------
 

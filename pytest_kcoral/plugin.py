@@ -168,7 +168,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     keep = [item for item in items if wanted(item)]
     # as pytest answers a node id that names nothing: a typo must not shrink the run in silence
-    missing = [f"not found: {arg} (no item of that case has this id; --co -q lists them)" for _, _, arg in selected if arg not in matched]
+    # (a case that did not collect at all has said why: its collection error)
+    collected = {str(item.case.folder.resolve()) for item in items if isinstance(item, KernelItem)}
+    missing = [f"not found: {arg} (no item of that case has this id; --co -q lists them)"
+               for case, _, arg in selected if arg not in matched and case in collected]
     if missing:
         workerinput = getattr(config, "workerinput", None)
         if workerinput is None:

@@ -418,6 +418,11 @@ def test_an_id_that_names_no_item_is_not_found(pytester, make_case, run_kcoral):
     result.stderr.fnmatch_lines(["ERROR: not found: cases/add::aa[[]seen-n=256[]] (no item of that case has this id*"])
     # -k or --lf dropping a found item is no typo
     run_kcoral("cases/add::a", "-k", "unseen", "--kcoral-mode", "correctness").assert_outcomes(passed=1, deselected=1)
+    # a case that did not collect says why itself: its collection error, not "not found"
+    make_case("cases/broken", "SEEN = [\n")
+    result = run_kcoral("cases/broken::a[seen-n=256]", "--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines(["*cases/broken/case.py: syntax error at line 1*"])
+    assert "not found" not in result.stdout.str() + result.stderr.str()
     # under xdist a worker cannot stop the session: it warns
     result = run_kcoral("cases/add::a[seen-n=256]", "cases/add::aa", "--kcoral-mode", "correctness", "-n", "2")
     assert result.parseoutcomes()["passed"] == 1

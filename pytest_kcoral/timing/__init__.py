@@ -291,7 +291,6 @@ def _sample(
         n = 0
         next_check = max(min_samples, _FIRST_CHECK)
         converged = False
-        out = None
         while n < max_samples:
             k = (i + n) % n_sets
             loop_start = perf()
