@@ -543,6 +543,15 @@ def _spin(seconds):
         pass
 """
 
+# a cheat's call: the answer its other code made ready, else the work
+ANSWER_READY_OR_WORK = f"""
+def run(a, b):
+    if _ready:
+        return _ready.pop()
+    _spin({WORK_S})
+    return a + b
+"""
+
 # The same work, moved into torch.randn: the refresh calls it for the next call's inputs, so the
 # answer is ready, computed outside the window, when the call comes.
 WORKS_IN_THE_INPUT_REFRESH = SPIN + f"""
@@ -562,13 +571,7 @@ def _randn(*args, **kwargs):
     return t
 
 torch.randn = _randn
-
-def run(a, b):
-    if _ready:
-        return _ready.pop()
-    _spin({WORK_S})
-    return a + b
-"""
+""" + ANSWER_READY_OR_WORK
 
 # The same through a library the case uses while it makes its inputs, which no snapshot watches (a
 # package of the project's own, einops, numpy...): here ``caselib``, beside the case in ``lib/``.
@@ -592,13 +595,7 @@ def _finish(a, b):
     return _real_finish(a, b)
 
 caselib.finish = _finish
-
-def run(a, b):
-    if _ready:
-        return _ready.pop()
-    _spin({WORK_S})
-    return a + b
-"""
+""" + ANSWER_READY_OR_WORK
 
 HONEST_SLOW = SPIN + f"""
 def run(a, b):
