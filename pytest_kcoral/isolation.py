@@ -135,11 +135,15 @@ def stop_template() -> None:
     _template_pid = None
 
 
+def _launched_pid() -> int | None:
+    """The process multiprocessing launched the template as (bwrap, under the sandbox)."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
 def _template_alive() -> bool:
-    """Whether the template, and the process multiprocessing launched it as (bwrap, under the
-    sandbox), still run. Not known yet (no child forked): taken as alive."""
-    launched = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
-    return all(leftovers.is_alive(pid) for pid in (launched, _template_pid) if pid is not None)
+    """Whether the template, and the process it was launched as, still run. Not known yet (no
+    child forked): taken as alive."""
+    return all(leftovers.is_alive(pid) for pid in (_launched_pid(), _template_pid) if pid is not None)
 
 
 def template_lost() -> bool:
@@ -160,8 +164,7 @@ def sweep_session_processes() -> list[int]:
     and not the template: what children left behind outside their trees (a candidate that killed
     the template, then detached). Returns their pids."""
     tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)  # started with the template's environment
-    launched = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
-    keep = {os.getpid(), *_live_pids, *(p for p in (_template_pid, launched, tracker) if p)}
+    keep = {os.getpid(), *_live_pids, *(p for p in (_template_pid, _launched_pid(), tracker) if p)}
     strays = [p for p in leftovers.carrying(f"{SESSION_ENV}={_session_token}".encode()) if p not in keep]
     for pid in strays:
         leftovers.kill_tree(pid, include_root=True)

@@ -245,9 +245,10 @@ def largest_changes(result: CompareResult, limit: int = NAMED_PAIRS * 2) -> list
     return sorted(result.compared, key=lambda r: -abs(r.change_pct or 0.0))[:limit]
 
 
-def _named(pairs: Sequence[tuple[str, str]]) -> str:
-    more = f"; and {len(pairs) - NAMED_PAIRS} more" if len(pairs) > NAMED_PAIRS else ""
-    return "; ".join(pair_name(case, candidate) for case, candidate in pairs[:NAMED_PAIRS]) + more
+def _named(labels: Sequence[str]) -> str:
+    """The first ``NAMED_PAIRS`` labels, and how many more: a caveat about every pair names a few."""
+    more = f"; and {len(labels) - NAMED_PAIRS} more" if len(labels) > NAMED_PAIRS else ""
+    return "; ".join(labels[:NAMED_PAIRS]) + more
 
 
 def caveats(result: CompareResult) -> list[str]:
@@ -258,13 +259,11 @@ def caveats(result: CompareResult) -> list[str]:
                      f" {pair_name(*result.only_old[0])}; {len(result.only_new)} here, e.g. {pair_name(*result.only_new[0])})."
                      " Case ids are the case folders' paths from pytest's rootdir: run from where the saved run ran,"
                      " or pass the same --rootdir")
-    elif result.only_old or result.only_new:
-        if result.only_old:
-            lines.append(f"{len(result.only_old)} pair{'s' if len(result.only_old) != 1 else ''} only in the saved run:"
-                         f" {_named(result.only_old)}")
-        if result.only_new:
-            lines.append(f"{len(result.only_new)} pair{'s' if len(result.only_new) != 1 else ''} only in this run:"
-                         f" {_named(result.only_new)}")
+    else:
+        for pairs, where in ((result.only_old, "the saved run"), (result.only_new, "this run")):
+            if pairs:
+                lines.append(f"{len(pairs)} pair{'s' if len(pairs) != 1 else ''} only in {where}:"
+                             f" {_named([pair_name(*p) for p in pairs])}")
     if result.old_partial:
         lines.append("the saved run was interrupted (partial): its speedups may rest on fewer items than this run's")
     if result.other_gpus:
@@ -273,11 +272,9 @@ def caveats(result: CompareResult) -> list[str]:
     rows = result.not_comparable
     if rows:
         # after a fallback every pair may differ: name a few, count the rest
-        named = [f"{pair_name(r.case, r.candidate)} ({'+'.join(r.old_timed_by)} then, {'+'.join(r.new_timed_by)} now)"
-                 for r in rows[:NAMED_PAIRS]]
-        more = f"; and {len(rows) - NAMED_PAIRS} more" if len(rows) > NAMED_PAIRS else ""
+        named = [f"{pair_name(r.case, r.candidate)} ({'+'.join(r.old_timed_by)} then, {'+'.join(r.new_timed_by)} now)" for r in rows]
         lines.append(f"NOT COMPARED {len(rows)} pair{'s' if len(rows) != 1 else ''},"
-                     f" timed by other methods in the two runs: {'; '.join(named)}{more}")
+                     f" timed by other methods in the two runs: {_named(named)}")
     if any(r.host_set for r in result.regressions):
         lines.append(f"{HOST_SET_MARK} the host's speed sets part of these speedups: rerun before believing"
                      " a regression there")
