@@ -100,13 +100,24 @@ def main() -> None:
             outside = sum(not 0.95 <= v <= 1.05 for v in group)
             print(f"| {name} | {len(group)} | {inside} ({inside / len(group) * 100:.0f}%) | {outside} | {statistics.median(group):.4f} |")
     # the host medians and record counts show whether a miss is launch-bound (host time >> span)
-    print("\n| item | timer | t_baseline_us | t_candidate_us | host us (base / cand) | records | speedup |")
-    print("|---|---|---|---|---|---|---|")
+    # and, for items timed in several pairs of processes (--kcoral-process-pairs), what each process read
+    print("\n| item | timer | t_baseline_us | t_candidate_us | host us (base / cand) | records | processes: baseline us / candidate us | speedup |")
+    print("|---|---|---|---|---|---|---|---|")
     for s, i in speedups:
         base, cand = i.get("baseline_timing") or {}, i.get("candidate_timing") or {}
         print(f"| {i['nodeid']} | {i.get('timer')} | {i['t_baseline_us']:.2f} | {i['t_candidate_us']:.2f} | "
               f"{base.get('host_median_us') or 0:.1f} / {cand.get('host_median_us') or 0:.1f} | "
-              f"{cand.get('records')} | {s:.4f} |")
+              f"{cand.get('records')} | {_processes(base)} / {_processes(cand)} | {s:.4f} |")
+    timed_again = [i for _, i in speedups if (i.get("candidate_timing") or {}).get("processes", 1) > 1]
+    if timed_again:
+        pairs = sorted(i["candidate_timing"]["processes"] for i in timed_again)
+        print(f"\ntimed in more than one pair of processes: {len(timed_again)} items, pairs {pairs}")
+
+
+def _processes(side: dict) -> str:
+    medians = side.get("process_medians_us")
+    return " ".join(f"{m:.1f}" for m in medians) if medians else "1"
+
 
 if __name__ == "__main__":
     main()

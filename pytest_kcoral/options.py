@@ -59,6 +59,9 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Run each candidate's correctness inputs under compute-sanitizer; findings fail the item")
     group.addoption("--kcoral-timing-budget", type=float, default=None, metavar="S",
                     help="Seconds of timed samples per callable (default 1.0 on a GPU, 0.2 on a CPU)")
+    group.addoption("--kcoral-process-pairs", default="auto", metavar="auto|N",
+                    help="Pairs of fresh processes (baseline's, candidate's) an item is timed in: auto = one, and up to 3 for an"
+                         " item the host's speed sets (~), until two agree on each side's level; N = N for every item")
     group.addoption("--kcoral-timing-cpu", default="auto", metavar="auto|off|N",
                     help="CPU core that GPU timing (baseline and candidate alike) runs on: auto picks one per GPU")
     group.addoption("--kcoral-cpu-threads", type=int, default=None, metavar="N",
@@ -66,6 +69,8 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 MAX_TRIALS = 1000  # correctness input sets: more only ends in the item's timeout
+MAX_PROCESS_PAIRS = 8  # each pair costs two process starts and a timing budget: more only ends in the timeout
+AUTO_PROCESS_PAIRS = 3  # for a host-set item under --kcoral-process-pairs auto (docs/performance.md, session 14)
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: larger waits overflow the timers they reach
 
 
@@ -115,6 +120,9 @@ class Settings:
     ncu: bool = False  # --kcoral-ncu: see diagnostics.py
     sanitizer: str | None = None  # --kcoral-sanitizer: a compute-sanitizer tool
     cpu_threads: int | None = None  # --kcoral-cpu-threads; None: cpu_share's share of the cores
+    # --kcoral-process-pairs: None (auto) times an item in one pair of processes, and a host-set
+    # one in up to AUTO_PROCESS_PAIRS; N, every item in N (``LocalExecutor._process_pairs_for``)
+    process_pairs: int | None = None
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -152,6 +160,9 @@ class Settings:
         cpu_threads = opt("kcoral_cpu_threads")
         if cpu_threads is not None and cpu_threads < 1:
             raise pytest.UsageError(f"--kcoral-cpu-threads must be at least 1, not {cpu_threads}")
+        process_pairs = str(opt("kcoral_process_pairs"))
+        if process_pairs != "auto" and not (process_pairs.isdigit() and 1 <= int(process_pairs) <= MAX_PROCESS_PAIRS):
+            raise pytest.UsageError(f"--kcoral-process-pairs must be auto or a number from 1 to {MAX_PROCESS_PAIRS}, not {process_pairs!r}")
         return cls(
             mode=opt("kcoral_mode"),
             submissions=submissions,
@@ -175,4 +186,5 @@ class Settings:
             ncu=opt("kcoral_ncu"),
             sanitizer=opt("kcoral_sanitizer"),
             cpu_threads=cpu_threads,
+            process_pairs=None if process_pairs == "auto" else int(process_pairs),
         )

@@ -27,9 +27,9 @@ from pytest_kcoral.child import BASELINE as BASELINE_ROLE
 from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.isolation import Child, ChildFailure
-from pytest_kcoral.options import Settings
+from pytest_kcoral.options import AUTO_PROCESS_PAIRS, Settings
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult, TimingStats, speedup_between
-from pytest_kcoral.timing import pinning
+from pytest_kcoral.timing import combine, pinning
 
 # Timed-call samples kept for checking against the reference.
 VERIFIED_TIMED_CALLS = 2
@@ -312,7 +312,7 @@ class LocalExecutor:
                 ref = self._reference_data(spec, device, trusted, tol)
             ref.record_into(result)
             with timed_phase(result, "correctness"):
-                self._check_correctness(spec, candidate, ref, device, tol, result)
+                self._check_correctness(spec, candidate, ref, device, tol)
             if self.diagnostics and self.diagnostics.sanitizer:
                 deadline = self._diagnose(spec, ref, device, result, "sanitizer", candidate, deadline)
             result.correct = True
@@ -356,21 +356,31 @@ class LocalExecutor:
         key = (case.case_id, case.content_hash)
         child = self._baselines.pop(key, None)
         if child is None or child.process.exitcode is not None:
-            child = None
-            try:
-                self._require_case_as_collected(case, "timing", "baseline")
-                # a budget of its own, as the case's work has in ``_record_baseline_only``
-                child = Child(BASELINE_ROLE, self._case_spec(case), self._child_env(), time.monotonic() + self.settings.timeout_s,
-                              f"baseline:{case.case_id}", self.sandbox)
-                child.call("load_baseline", "baseline")
-            except StageFailed as failure:
-                return failure
-            except ChildFailure as failure:
-                if child is not None:
-                    child.close()
-                self._skip_if_case_needs_cuda(failure)
-                return StageFailed("timing", CASE_FAILED_PREFIX + _describe_child_failure("timing", failure), failure.phase, case_failed=True)
+            child = self._fresh_baseline_child(case)
+            if isinstance(child, StageFailed):
+                return child
         return _keep(self._baselines, key, child)
+
+    def _fresh_baseline_child(self, case: Case) -> Child | StageFailed:
+        """A new baseline child holding the baseline (``_baseline_child`` keeps one per case; a
+        host-set item's further pairs of processes each start one). One started after candidate
+        code ran is as safe as the first: it imports the case only as collected, and compiles its
+        kernels in a directory of its own (``child._compile_without_shared_caches``)."""
+        child = None
+        try:
+            self._require_case_as_collected(case, "timing", "baseline")
+            # a budget of its own, as the case's work has in ``_record_baseline_only``
+            child = Child(BASELINE_ROLE, self._case_spec(case), self._child_env(), time.monotonic() + self.settings.timeout_s,
+                          f"baseline:{case.case_id}", self.sandbox)
+            child.call("load_baseline", "baseline")
+            return child
+        except StageFailed as failure:
+            return failure
+        except ChildFailure as failure:
+            if child is not None:
+                child.close()
+            self._skip_if_case_needs_cuda(failure)
+            return StageFailed("timing", CASE_FAILED_PREFIX + _describe_child_failure("timing", failure), failure.phase, case_failed=True)
 
     def _require_case_as_collected(self, case: Case, stage: str, phase: str) -> None:
         """Before a child imports the case: its files as they were at collection, or the case's
@@ -557,7 +567,7 @@ class LocalExecutor:
         self._skip_if_case_needs_cuda(failure)
         raise StageFailed(stage, CASE_FAILED_PREFIX + _describe_child_failure(stage, failure), phase, case_failed=True) from None
 
-    def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance, result: ItemResult) -> None:
+    def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance) -> None:
         header, payload = self._stage("correctness", lambda: candidate.call("run", "correctness", reply_limit_bytes=_reply_limit(ref, len(ref.inputs)),
                                                                             **correctness_run(spec, ref, device)))
         outputs = payload["outputs"]
@@ -605,67 +615,32 @@ class LocalExecutor:
             raise baseline
         assert baseline is not None, "timing needs the baseline's child (None only in --kcoral-mode correctness and untimed items)"
         written_inputs = ref.written_inputs
-        # the baseline's child goes the candidate's way first: the correctness stage's run, as sent to the candidate
-        header, payload = self._baseline_call(baseline, "run", "baseline", **correctness_run(spec, ref, device))
-        if ref.baseline_correct is not False:  # a baseline found wrong is recorded, and timed all the same
-            problems = _run_problems(header, payload, ref, tol)
-            if problems:
-                raise StageFailed("timing", CASE_FAILED_PREFIX + "its baseline, run on the correctness inputs in the process that times it,"
-                                  " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
-                                  + _one_screen(problems), "baseline", case_failed=True)
-        rounds = self.timing_rounds
-        # Baseline and candidate take turns in rounds, ordered ABBA ABBA..., all under one lease:
-        # the host's speed drifts within seconds (a five-kernel softmax read 37 us and then 55 us
-        # in one process, see docs/performance.md), and a drift then hits both sides alike; a
-        # slowdown of one process alone moves its pair of rounds' ratio, and the pair is left out
-        # (``timing.undisturbed_pairs``). The candidate keeps timed outputs in every round; one of
-        # its fastest round's is checked against the reference, and others drawn here from the
-        # session seed, so no round is safe to cheat in (``_timed_outputs_to_check``).
+        self._baseline_goes_the_candidates_way(baseline, spec, ref, device, tol)
         # Both sides run one harness with one set of fields: the baseline's child keeps timed
         # outputs as the candidate's does, then drops them, since keeping them allocates between
         # timed calls and a small kernel's time follows where its outputs land.
         timed_alike = dict(self._time_fields(spec, ref, device), cpu=cpu)
-        keep = timed_alike["verify"]
-        base_rounds: list[TimingStats] = []
-        cand_rounds: list[TimingStats] = []
-        verify: list[list[dict]] = []  # per candidate round, the timed outputs it kept
-
-        def time_baseline(r: int) -> None:
-            header, _ = self._baseline_call(baseline, "time", "baseline", warmup_s=_warmup_s(r), send_kept=False, **timed_alike)
-            base_rounds.append(TimingStats.from_dict(header["stats"]))
-
-        def time_candidate(r: int) -> None:
-            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", warmup_s=_warmup_s(r), reply_limit_bytes=_reply_limit(ref, keep),
-                                                                           **timed_alike))
-            impossible = implausible_stats(header["stats"], candidate.last_call_s)
-            if impossible:
-                raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing",
-                                  disqualifies=True)
-            stats_ = TimingStats.from_dict(header["stats"])
-            if len(payload["verify"]) != min(keep, stats_.n if stats_ else 0):
-                raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep} (results forged?)", "verify",
-                                  disqualifies=True)
-            cand_rounds.append(stats_)
-            verify.append(payload["verify"])
-
-        for r in range(rounds):
-            first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
-            first(r)
-            second(r)
+        pairs = [self._time_pair(candidate, baseline, ref, timed_alike)]
+        # A launch-bound chain runs at the speed of the process it runs in, and a process can sit
+        # at a level 1.5x slower than another's for seconds (docs/performance.md, sessions 12 and
+        # 14): an item the host's speed sets is timed again in fresh pairs of processes, until two
+        # processes agree on each side's level (``timing.combine.combine_processes``).
+        while len(pairs) < self._process_pairs_for(pairs):
+            pairs.append(self._time_in_fresh_processes(spec, ref, device, tol, timed_alike, candidate.deadline))
         floor, cost = self._cost(spec, trusted, device)
         try:
-            kept = timing.undisturbed_pairs(base_rounds, cand_rounds)
-        except ValueError:
-            kept = None  # a side without samples: its combine_rounds below says which
-        try:
-            baseline_stats = timing.combine_rounds(base_rounds, keep=kept)
+            baseline_stats = combine.combine_processes(pairs, "baseline")
         except ValueError as exc:
             raise StageFailed("timing", f"the baseline's timing rounds disagree: {exc}", "baseline") from exc
         try:
-            candidate_stats = timing.combine_rounds(cand_rounds, keep=kept)
+            candidate_stats = combine.combine_processes(pairs, "candidate")
         except ValueError as exc:
             raise StageFailed("timing", f"the candidate's timing rounds disagree: {exc}", "timing") from exc
-        timing.charge_outside_work(base_rounds, cand_rounds, candidate_stats, keep=kept)
+        all_base = [r for pair in pairs for r in pair.baseline]
+        all_cand = [r for pair in pairs for r in pair.candidate]
+        # time outside the windows is judged between rounds taken in turns, in every pair
+        turns = [sum(len(q.candidate) for q in pairs[:p]) + r for p, pair in enumerate(pairs) for r in (pair.kept() or [])]
+        timing.charge_outside_work(all_base, all_cand, candidate_stats, keep=turns)
         result.baseline_timing = baseline_stats.to_dict()
         result.candidate_timing = candidate_stats.to_dict()
         result.t_baseline_us = baseline_stats.median_us
@@ -674,7 +649,8 @@ class LocalExecutor:
         result.speedup = speedup_between(baseline_stats, candidate_stats)
         # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
         result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
-        checked = _timed_outputs_to_check(cand_rounds, verify, kept, random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")))
+        checked = _timed_outputs_to_check(all_cand, [v for pair in pairs for v in pair.verify], combine.kept_rounds(pairs, "candidate"),
+                                          random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")))
         with timed_phase(result, "verify"):
             self._verify_timed_outputs(trusted, checked, spec, device, tol, written_inputs)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
@@ -689,6 +665,96 @@ class LocalExecutor:
                     f"(baseline {result.t_baseline_us:.1f} us, candidate {result.t_candidate_us:.1f} us, {result.timer})",
                     "timing",
                 )
+
+    def _baseline_goes_the_candidates_way(self, baseline: Child, spec: ItemSpec, ref: ReferenceData, device: str, tol: correctness.Tolerance) -> None:
+        """The baseline's child gets the correctness stage's run, as sent to the candidate, before
+        it is timed: both sides come to their timing with the same history."""
+        header, payload = self._baseline_call(baseline, "run", "baseline", **correctness_run(spec, ref, device))
+        if ref.baseline_correct is not False:  # a baseline found wrong is recorded, and timed all the same
+            problems = _run_problems(header, payload, ref, tol)
+            if problems:
+                raise StageFailed("timing", CASE_FAILED_PREFIX + "its baseline, run on the correctness inputs in the process that times it,"
+                                  " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
+                                  + _one_screen(problems), "baseline", case_failed=True)
+
+    def _time_pair(self, candidate: Child, baseline: Child, ref: ReferenceData, timed_alike: dict[str, Any]) -> combine.ProcessPair:
+        """One pair of processes' timing rounds. Baseline and candidate take turns in rounds,
+        ordered ABBA ABBA..., all under one lease: the host's speed drifts within seconds (a
+        five-kernel softmax read 37 us and then 55 us in one process, see docs/performance.md),
+        and a drift then hits both sides alike; a slowdown of one process alone moves its pair of
+        rounds' ratio, and the pair is left out (``timing.undisturbed_pairs``). The candidate
+        keeps timed outputs in every round; one of its fastest round's is checked against the
+        reference, and others drawn from the session seed, so no round is safe to cheat in
+        (``_timed_outputs_to_check``)."""
+        keep = timed_alike["verify"]
+        pair = combine.ProcessPair()
+
+        def time_baseline(r: int) -> None:
+            header, _ = self._baseline_call(baseline, "time", "baseline", warmup_s=_warmup_s(r), send_kept=False, **timed_alike)
+            pair.baseline.append(TimingStats.from_dict(header["stats"]))
+
+        def time_candidate(r: int) -> None:
+            header, payload = self._stage("timing", lambda: candidate.call("time", "timing", warmup_s=_warmup_s(r), reply_limit_bytes=_reply_limit(ref, keep),
+                                                                           **timed_alike))
+            impossible = implausible_stats(header["stats"], candidate.last_call_s)
+            if impossible:
+                raise StageFailed("timing", f"the candidate's timing statistics are impossible: {impossible} (timers patched or results forged?)", "timing",
+                                  disqualifies=True)
+            stats_ = TimingStats.from_dict(header["stats"])
+            if len(payload["verify"]) != min(keep, stats_.n if stats_ else 0):
+                raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep} (results forged?)", "verify",
+                                  disqualifies=True)
+            pair.candidate.append(stats_)
+            pair.verify.append(payload["verify"])
+
+        for r in range(self.timing_rounds):
+            first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
+            first(r)
+            second(r)
+        return pair
+
+    def _process_pairs_for(self, pairs: list[combine.ProcessPair]) -> int:
+        """How many pairs of processes the item is timed in, given those timed so far:
+        ``--kcoral-process-pairs`` N for every item; under auto one, and up to
+        ``AUTO_PROCESS_PAIRS`` when the first pair found the host's speed setting a side's time
+        (``timing.combine.host_set_side``), fewer once two processes agree on each side's level."""
+        if self.settings.process_pairs is not None:
+            return self.settings.process_pairs
+        if len(pairs) == 1 and not self._host_set(pairs[0]):
+            return 1
+        return len(pairs) if combine.settled(pairs) else AUTO_PROCESS_PAIRS
+
+    @staticmethod
+    def _host_set(pair: combine.ProcessPair) -> bool:
+        try:
+            return any(combine.host_set_side(combine.combine_processes([pair], side).to_dict()) for side in combine.SIDES)
+        except ValueError:
+            return False  # a side without samples: combining all pairs says which
+
+    def _time_in_fresh_processes(self, spec: ItemSpec, ref: ReferenceData, device: str, tol: correctness.Tolerance,
+                                 timed_alike: dict[str, Any], deadline: float) -> combine.ProcessPair:
+        """Another pair of rounds, in a fresh candidate child and a fresh baseline child, each
+        brought to its timing the way the first pair's were: the candidate loaded and its
+        correctness run checked (a candidate right in one process only is wrong), the baseline
+        loaded and given the same run. Both end before this returns, still under the lease."""
+        with contextlib.ExitStack() as stack:
+            try:
+                candidate = self._candidate_child(spec, stack, deadline)
+                self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=spec.shape.params))
+                self._check_correctness(spec, candidate, ref, device, tol)
+            except StageFailed as failure:
+                raise StageFailed("timing", "timed again in fresh processes (the host's speed sets this item's), the candidate's"
+                                  f" new process failed at {failure.stage}: {failure.message}", failure.phase, case_failed=failure.case_failed,
+                                  disqualifies=not failure.case_failed) from None
+            baseline = self._fresh_baseline_child(spec.case)
+            if isinstance(baseline, StageFailed):
+                raise baseline
+            stack.callback(baseline.close)
+            self._baseline_goes_the_candidates_way(baseline, spec, ref, device, tol)
+            pair = self._time_pair(candidate, baseline, ref, timed_alike)
+            self._baseline_call(baseline, "finish", "baseline")
+            self._stage("timing", lambda: candidate.call("finish", "finish"))
+            return pair
 
     def _time_fields(self, spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str, Any]:
         """One round's ``time`` command, the same for both sides, locally and remotely: the

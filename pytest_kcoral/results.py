@@ -38,6 +38,8 @@ class TimingStats:
     rounds: int = 1  # timing rounds timed, interleaved with the other side's
     rounds_dropped: int = 0  # of those, left out with the other side's as a disturbed pair (``timing.undisturbed_pairs``)
     round_medians_us: list[float] | None = None  # each round's median, in time order
+    processes: int = 1  # processes it was timed in, one per pair with the other side's (``timing.combine.combine_processes``)
+    process_medians_us: list[float] | None = None  # with several: each process's median, in time order
     samples_us: list[float] | None = None  # per timed call, in call order (dropped once merged)
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 from pytest_kcoral.speed_of_light import largest_shape
+from pytest_kcoral.timing.combine import host_set_side
 
 TIER_WEIGHTS = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 5: 3.0}
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.5, 2.0)
@@ -284,25 +285,10 @@ def _baseline_ok(item: ItemResult) -> bool:
     return item.baseline_correct is not False
 
 
-# The GPU idle between launches for this share of a span or more: the host's speed sets part of
-# it. Over the bundled cases' 49 seen items graded on two H200 hosts, every item whose GPU was
-# idle under 5% of its span on both sides moved by at most 4% between the hosts; items with more
-# idle time moved by up to 147% (docs/performance.md, session 7).
-HOST_GAP_FRACTION = 0.05
-
-
 def host_set(item: ItemResult) -> bool:
     """Whether the host's speed sets part of the item's speedup: on its baseline's or its
-    candidate's side, the GPU sat idle between launches for ``HOST_GAP_FRACTION`` of the span or
-    more (launch-bound items, and multi-kernel calls with host work between their kernels), or
-    the call was timed by the host clock."""
-    for side in (item.baseline_timing or {}, item.candidate_timing or {}):
-        if side.get("host_bound") or any(f.startswith(("launch_bound", "host_bound")) for f in side.get("flags", [])):
-            return True
-        busy, span = side.get("busy_us"), side.get("median_us")
-        if busy is not None and span and busy < (1 - HOST_GAP_FRACTION) * span:
-            return True
-    return False
+    candidate's side (``timing.combine.host_set_side``)."""
+    return any(host_set_side(side) for side in (item.baseline_timing or {}, item.candidate_timing or {}))
 
 
 def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:

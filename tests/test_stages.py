@@ -460,6 +460,8 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     run_kcoral("--kcoral-json", "out.json").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["baseline_timing"]["rounds"] == item["candidate_timing"]["rounds"] == TIMING_ROUNDS
+    # a CPU's wall clock is not the host's speed setting a GPU's (``host_set_side``): one pair of processes
+    assert item["baseline_timing"]["processes"] == item["candidate_timing"]["processes"] == 1
     assert len(item["candidate_timing"]["round_medians_us"]) == TIMING_ROUNDS
     assert item["candidate_timing"]["samples_us"] is None  # merged: the raw samples stay out of the artifact
     # where the item's time went, phase by phase (verify is part of timing)
@@ -498,6 +500,73 @@ def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_wa
         first = next(x for _, _, p, x in calls if p == pid)
         assert first in seen_by_baseline
     assert seen_by_baseline[0] == next(x for _, _, p, x in calls if p == candidates[0])
+
+
+def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pairs_way(make_case, run_kcoral, pytester):
+    """A launch-bound chain runs at the speed of its process, and one process can sit 1.5x slower
+    than another for seconds (docs/performance.md, session 12): ``--kcoral-process-pairs N`` times
+    an item in N pairs of processes (auto: host-set items on a GPU, until two agree). Each new
+    candidate child loads the candidate and gets the correctness run, each new baseline child the
+    same run, and the pairs take turns within themselves."""
+    log = pytester.path / "calls.log"
+    make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))), {"logged": LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))})
+    run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "3").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    base, cand = item["baseline_timing"], item["candidate_timing"]
+    pairs = cand["processes"]
+    assert pairs == base["processes"] == 3
+    assert len(base["process_medians_us"]) == len(cand["process_medians_us"]) == pairs
+    assert len(cand["round_medians_us"]) == len(base["round_medians_us"]) == pairs * TIMING_ROUNDS
+    calls = _logged_calls(log)
+    trusted = {pid for _, who, pid, _ in calls if who == "R"}
+    candidates = list(dict.fromkeys(pid for _, who, pid, _ in calls if who == "C"))
+    baselines = list(dict.fromkeys(pid for _, who, pid, _ in calls if who == "B" and pid not in trusted))
+    assert len(candidates) == len(baselines) == pairs
+    first_input = next(x for _, who, _, x in calls if who == "C")  # the correctness stage's first trial
+    for p in range(pairs):
+        mine = [(t, who) for t, who, pid, _ in calls if pid in (candidates[p], baselines[p])]
+        # both children of a pair began with the correctness run, on the candidate's first inputs
+        assert next(x for _, _, pid, x in calls if pid == candidates[p]) == first_input
+        assert next(x for _, _, pid, x in calls if pid == baselines[p]) == first_input
+        # a pair's calls lie after the last pair's, and its two sides take turns (B C B C B, as above)
+        if p:
+            assert mine[0][0] > max(t for t, _, pid, _ in calls if pid in (candidates[p - 1], baselines[p - 1]))
+        runs = [who for n, (_, who) in enumerate(mine) if n == 0 or mine[n - 1][1] != who]
+        assert runs[-5:] == ["B", "C", "B", "C", "B"], runs
+
+
+RIGHT_IN_ITS_FIRST_PROCESS_ONLY = """
+import os
+import torch
+MARK = __MARK__
+
+def run(a, b):
+    # the first of its processes to run makes the mark and computes; every later one returns zeros
+    if not os.path.exists(MARK) or open(MARK).read() == str(os.getpid()):
+        with open(MARK, "w") as f:
+            f.write(str(os.getpid()))
+        return a + b
+    return torch.zeros_like(a)
+"""
+
+
+def test_a_candidate_wrong_in_a_later_process_only_fails(make_case, run_kcoral, pytester):
+    """A candidate that learns it is being timed again (a mark it left on the host) and skips its
+    work there is checked in every new process before it is timed, and is not correct."""
+    mark = repr(str(pytester.path / "mark"))
+    make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(pytester.path / "calls.log"))),
+              {"first_only": RIGHT_IN_ITS_FIRST_PROCESS_ONLY.replace("__MARK__", mark)})
+    result = run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "2")
+    result.assert_outcomes(failed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["stage"] == "timing" and item["correct"] is False and not item["case_failed"]
+    assert "timed again in fresh processes" in item["message"] and "failed at correctness" in item["message"]
+
+
+def test_process_pairs_must_be_auto_or_a_small_number(make_case, run_kcoral):
+    make_case("cases/add")
+    for bad in ("0", "many", "9"):
+        run_kcoral("--kcoral-process-pairs", bad).stderr.fnmatch_lines(["*--kcoral-process-pairs must be auto or a number from 1 to 8*"])
 
 
 def test_a_candidate_that_rewrites_the_case_fails_the_case_instead_of_reaching_its_baseline(make_case, run_kcoral, pytester):

@@ -16,6 +16,8 @@ from bisect import bisect_left, bisect_right
 from typing import Sequence
 
 _Z95 = 1.959964
+# The relative standard error of the median a callable's samples aim for (``timing.measure``).
+RSE_TARGET = 0.005
 # Samples this close count as one step: CUPTI durations on one 32 ns step of an H200's timer come
 # out up to 1 ns apart (1.151 and 1.152 us).
 SAME_STEP_US = 0.0025

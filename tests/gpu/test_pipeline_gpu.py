@@ -63,6 +63,39 @@ def test_events_fallback_gives_like_for_like_speedups(tmp_path):
         assert 0.9 < item["speedup"] < 1.1, item
 
 
+# Eight launches: at 256 elements the GPU sits idle between them (host-set), at 2^24 it does not.
+CHAIN_CASE = """
+import torch
+SEEN = [{"n": 256}, {"n": 1 << 24}]
+UNSEEN = []
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    x = a
+    for _ in range(8):
+        x = x + b
+    return x
+"""
+
+
+def test_a_host_set_item_is_timed_in_more_pairs_of_processes(tmp_path):
+    """Under --kcoral-process-pairs auto, an item the host's speed sets (GPU idle between
+    launches) is timed again in fresh pairs of processes; a GPU-bound one in one pair."""
+    chain = "def run(a, b):\n    x = a\n    for _ in range(8):\n        x = x + b\n    return x\n"
+    proc, doc = grade_in_subprocess(tmp_path, CHAIN_CASE, {"chain": chain}, "--kcoral-timing-budget", "0.3")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    items = {i["shape_id"]: i for i in doc["items"]}
+    small, large = items["n=256"], items[f"n={1 << 24}"]
+    print(json.dumps({k: (i["speedup"], i["baseline_timing"]["process_medians_us"], i["candidate_timing"]["process_medians_us"])
+                      for k, i in items.items()}))
+    assert small["host_set"] and 2 <= small["candidate_timing"]["processes"] <= 3
+    assert small["baseline_timing"]["processes"] == small["candidate_timing"]["processes"]
+    assert not large["host_set"] and large["candidate_timing"]["processes"] == 1
+    assert 0.8 < small["speedup"] < 1.25 and 0.95 < large["speedup"] < 1.05
+
+
 def test_unwritten_output_elements_read_as_nan_poison(tmp_path):
     proc, doc = _grade(tmp_path, {"half": HALF_WRITTEN}, "-m", "seen")
     assert proc.returncode == 1
