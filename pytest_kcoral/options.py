@@ -60,8 +60,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--kcoral-timing-budget", type=float, default=None, metavar="S",
                     help="Seconds of timed samples per callable (default 1.0 on a GPU, 0.2 on a CPU)")
     group.addoption("--kcoral-process-pairs", default="auto", metavar="auto|N",
-                    help="Pairs of fresh processes (baseline's, candidate's) an item is timed in: auto = one, and up to 3 for an"
-                         " item the host's speed sets (~), until two agree on each side's level; N = N for every item")
+                    help="Pairs of fresh processes (baseline's, candidate's) an item is timed in, the median pair's speedup"
+                         " kept: auto = one, and 3 for an item the host's speed sets (~); N = N for every item")
     group.addoption("--kcoral-timing-cpu", default="auto", metavar="auto|off|N",
                     help="CPU core that GPU timing (baseline and candidate alike) runs on: auto picks one per GPU")
     group.addoption("--kcoral-cpu-threads", type=int, default=None, metavar="N",
@@ -121,7 +121,7 @@ class Settings:
     sanitizer: str | None = None  # --kcoral-sanitizer: a compute-sanitizer tool
     cpu_threads: int | None = None  # --kcoral-cpu-threads; None: cpu_share's share of the cores
     # --kcoral-process-pairs: None (auto) times an item in one pair of processes, and a host-set
-    # one in up to AUTO_PROCESS_PAIRS; N, every item in N (``LocalExecutor._process_pairs_for``)
+    # one in AUTO_PROCESS_PAIRS; N, every item in N (``LocalExecutor._process_pairs_for``)
     process_pairs: int | None = None
 
     @classmethod

@@ -623,8 +623,8 @@ class LocalExecutor:
         pairs = [self._time_pair(candidate, baseline, ref, timed_alike)]
         # A launch-bound chain runs at the speed of the process it runs in, and a process can sit
         # at a level 1.5x slower than another's for seconds (docs/performance.md, sessions 12 and
-        # 14): an item the host's speed sets is timed again in fresh pairs of processes, until two
-        # processes agree on each side's level (``timing.combine.combine_processes``).
+        # 14): an item the host's speed sets is timed again in fresh pairs of processes, and the
+        # median pair's figures are its own (``timing.combine.median_pair``).
         while len(pairs) < self._process_pairs_for(pairs):
             pairs.append(self._time_in_fresh_processes(spec, ref, device, tol, timed_alike, candidate.deadline))
         floor, cost = self._cost(spec, trusted, device)
@@ -715,14 +715,12 @@ class LocalExecutor:
 
     def _process_pairs_for(self, pairs: list[combine.ProcessPair]) -> int:
         """How many pairs of processes the item is timed in, given those timed so far:
-        ``--kcoral-process-pairs`` N for every item; under auto one, and up to
-        ``AUTO_PROCESS_PAIRS`` when the first pair found the host's speed setting a side's time
-        (``timing.combine.host_set_side``), fewer once two processes agree on each side's level."""
+        ``--kcoral-process-pairs`` N for every item; under auto one, and ``AUTO_PROCESS_PAIRS``
+        when the first pair found the host's speed setting a side's time
+        (``timing.combine.host_set_side``)."""
         if self.settings.process_pairs is not None:
             return self.settings.process_pairs
-        if len(pairs) == 1 and not self._host_set(pairs[0]):
-            return 1
-        return len(pairs) if combine.settled(pairs) else AUTO_PROCESS_PAIRS
+        return AUTO_PROCESS_PAIRS if len(pairs) > 1 or self._host_set(pairs[0]) else 1
 
     @staticmethod
     def _host_set(pair: combine.ProcessPair) -> bool:

@@ -5,8 +5,8 @@ An item's two callables (baseline and candidate) are timed in turns, in rounds, 
 process of its own (``LocalExecutor._time``): ``undisturbed_pairs`` says which pairs of rounds the
 host left alone, ``combine_rounds`` makes one side's figures from them, and ``charge_outside_work``
 compares the time both sides spent between their windows. An item the host's speed sets
-(``host_set_side``) is timed again in fresh pairs of processes, and ``combine_processes`` takes
-each side's level from them: a launch-bound chain runs at the speed of the process it runs in.
+(``host_set_side``) is timed again in fresh pairs of processes, since a launch-bound chain runs at
+the speed of the process it runs in, and ``combine_processes`` takes the median pair's figures.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
     The figures come from the kept rounds; what the callable did (its flags, ``host_bound``,
     ``same_work_every_call``) from every round. ``rounds_dropped`` and a flag say what was left
     out; ``round_medians_us`` keeps every round's median, so the choice can be checked. Rounds in
-    ``set_aside`` (those of processes off the side's level, ``combine_processes``) are neither kept
+    ``set_aside`` (those of the other pairs of processes, ``combine_processes``) are neither kept
     nor counted as dropped."""
     if not rounds:
         raise ValueError("no timing rounds to combine")
@@ -153,11 +153,6 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
     )
 
 
-# Processes of one side whose medians lie this close read the same level. A launch-bound chain ran
-# at one of two levels about 1.5x apart, set by the process it ran in and changing within it every
-# second or so (docs/performance.md, session 12): two processes at the fast level agree within a
-# few percent, as two undisturbed rounds do.
-PROCESS_LEVEL_SLACK = 0.05
 # The GPU idle between launches for this share of a span or more: the host's speed sets part of
 # it. Over the bundled cases' 49 seen items graded on two H200 hosts, every item whose GPU was
 # idle under 5% of its span on both sides moved by at most 4% between the hosts; items with more
@@ -198,73 +193,53 @@ class ProcessPair:
             return None
 
 
-def level_of(medians: Sequence[float], slack: float = PROCESS_LEVEL_SLACK) -> tuple[list[int], bool]:
-    """The processes at a side's level, from each process's median, and whether two of them
-    confirm it. The level is the lowest median another lies within ``slack`` above; the processes
-    at it are those from it to ``slack`` above. Interference only adds time, so a process off the
-    level is slower; a single process faster than every other (nothing physical does that; a
-    candidate that is sometimes fast for its own reasons) does not set the level alone. When no
-    two processes agree, the fastest one is taken, unconfirmed."""
-    order = sorted(range(len(medians)), key=medians.__getitem__)
-    for low, high in zip(order, order[1:]):
-        level = medians[low]
-        if medians[high] <= level * (1 + slack):
-            return [i for i in range(len(medians)) if level <= medians[i] <= level * (1 + slack)], True
-    return order[:1], False
+def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
+    """Each pair's speedup: the baseline's median over the candidate's, both over the rounds the
+    pair's ``undisturbed_pairs`` kept (raises ``ValueError`` as ``combine_rounds`` does)."""
+    return [combine_rounds(p.baseline, keep=p.kept()).median_us / combine_rounds(p.candidate, keep=p.kept()).median_us for p in pairs]
 
 
-def _process_medians(pairs: Sequence[ProcessPair], side: str) -> list[float]:
-    """Each pair's median for ``side``, over the rounds its ``undisturbed_pairs`` kept (raises
-    ``ValueError`` as ``combine_rounds`` does)."""
-    return [combine_rounds(p.rounds(side), keep=p.kept()).median_us for p in pairs]
-
-
-def settled(pairs: Sequence[ProcessPair]) -> bool:
-    """Whether two processes confirm each side's level (``level_of``): then another pair of
-    processes would change nothing. One pair never settles it."""
-    if len(pairs) < 2:
-        return False
-    try:
-        return all(level_of(_process_medians(pairs, side))[1] for side in SIDES)
-    except ValueError:
-        return True  # a side without samples: more processes do not mend it; combining says why
+def median_pair(pairs: Sequence[ProcessPair]) -> int:
+    """The pair of processes whose speedup is the median of the pairs' (the lower of the middle
+    two for an even count: the candidate gets no benefit of the doubt). A launch-bound chain
+    runs at the speed of its process, and a process can sit 1.5x slower than another for seconds
+    (docs/performance.md, session 12); the host's speed also moves both processes of a pair
+    together, which the pair's rounds, taken in turns, cancel (session 14). So one pair that ran
+    slow on one side decides nothing, and the figures are one pair's, whose ratio is the
+    speedup: pooling the pairs' rounds would mix levels on each side."""
+    if len(pairs) == 1:
+        return 0
+    speedups = pair_speedups(pairs)
+    order = sorted(range(len(pairs)), key=speedups.__getitem__)
+    return order[(len(order) - 1) // 2]
 
 
 def kept_rounds(pairs: Sequence[ProcessPair], side: str) -> list[int]:
     """Indices, into ``side``'s rounds of every pair one after another, of the rounds that set its
-    time: the undisturbed rounds of its processes at the side's level (all of them for one pair)."""
-    chosen = level_of(_process_medians(pairs, side))[0] if len(pairs) > 1 else [0]
-    kept: list[int] = []
-    offset = 0
-    for p, pair in enumerate(pairs):
-        pair_kept = pair.kept()
-        if p in chosen:
-            kept += [offset + r for r in (pair_kept if pair_kept is not None else range(len(pair.rounds(side))))]
-        offset += len(pair.rounds(side))
-    return kept
+    time: the undisturbed rounds of the median pair (``median_pair``)."""
+    chosen = median_pair(pairs)
+    offset = sum(len(p.rounds(side)) for p in pairs[:chosen])
+    pair = pairs[chosen]
+    kept = pair.kept()
+    return [offset + r for r in (kept if kept is not None else range(len(pair.rounds(side))))]
 
 
 def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
-    """One side's figures from one or more pairs of processes: with one pair, ``combine_rounds``
-    of its undisturbed rounds; with more, of the undisturbed rounds of the side's processes at its
-    level (``level_of``), the rounds of the others set aside. ``processes`` and
-    ``process_medians_us`` say what each process read, and a flag when no two agreed. Raises
-    ``ValueError`` as ``combine_rounds`` does."""
+    """One side's figures from one or more pairs of processes: ``combine_rounds`` of the
+    undisturbed rounds of the median pair (``median_pair``); what the callable did (its flags,
+    ``host_bound``, ``same_work_every_call``) from every round of every pair. With several pairs,
+    ``processes`` and ``process_medians_us`` say what the side read in each, and a flag which pair
+    set the figures. Raises ``ValueError`` as ``combine_rounds`` does."""
     if len(pairs) == 1:
         return combine_rounds(pairs[0].rounds(side), keep=pairs[0].kept())
-    medians = _process_medians(pairs, side)
-    chosen, confirmed = level_of(medians)
-    rounds = [r for pair in pairs for r in pair.rounds(side)]
-    starts = [sum(len(q.rounds(side)) for q in pairs[:p]) for p in range(len(pairs))]
-    set_aside = [starts[p] + r for p, pair in enumerate(pairs) if p not in chosen for r in range(len(pair.rounds(side)))]
-    combined = combine_rounds(rounds, keep=kept_rounds(pairs, side), set_aside=set_aside)
+    chosen = median_pair(pairs)
+    rounds = [r for p in pairs for r in p.rounds(side)]
+    start = sum(len(p.rounds(side)) for p in pairs[:chosen])
+    others = [i for i in range(len(rounds)) if not start <= i < start + len(pairs[chosen].rounds(side))]
+    combined = combine_rounds(rounds, keep=kept_rounds(pairs, side), set_aside=others)
     combined.processes = len(pairs)
-    combined.process_medians_us = medians
-    readings = ", ".join(f"{m:.4g}" for m in medians)
-    if not confirmed:
-        combined.flags.append(f"process_level_unconfirmed: its {len(pairs)} processes read {readings} us, no two within"
-                              f" {PROCESS_LEVEL_SLACK:.0%}: the fastest was taken")
-    elif len(chosen) < len(pairs):
-        combined.flags.append(f"processes_set_aside={len(pairs) - len(chosen)}/{len(pairs)}: its processes read {readings} us;"
-                              f" those over {PROCESS_LEVEL_SLACK:.0%} above the level two of them share ran slower")
+    combined.process_medians_us = [combine_rounds(p.rounds(side), keep=p.kept()).median_us for p in pairs]
+    speedups = ", ".join(f"{s:.4g}" for s in pair_speedups(pairs))
+    combined.flags.append(f"median_pair={chosen + 1}/{len(pairs)}: timed in {len(pairs)} pairs of fresh processes, whose"
+                          f" speedups were {speedups}: the figures are the median pair's")
     return combined
