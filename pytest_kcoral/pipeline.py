@@ -639,8 +639,7 @@ class LocalExecutor:
         all_base = [r for pair in pairs for r in pair.baseline]
         all_cand = [r for pair in pairs for r in pair.candidate]
         # time outside the windows is judged between rounds taken in turns, in every pair
-        turns = [sum(len(q.candidate) for q in pairs[:p]) + r for p, pair in enumerate(pairs) for r in (pair.kept() or [])]
-        timing.charge_outside_work(all_base, all_cand, candidate_stats, keep=turns)
+        timing.charge_outside_work(all_base, all_cand, candidate_stats, keep=combine.rounds_in_turns(pairs))
         result.baseline_timing = baseline_stats.to_dict()
         result.candidate_timing = candidate_stats.to_dict()
         result.t_baseline_us = baseline_stats.median_us

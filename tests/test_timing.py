@@ -390,6 +390,21 @@ def test_an_item_timed_in_several_pairs_of_processes_takes_the_median_pairs_figu
     assert combine.median_pair([stuck, fast]) == 1 and combine.median_pair([fast, stuck]) == 0
 
 
+def test_time_outside_the_windows_is_judged_in_every_pair_even_unpaired_ones():
+    """A candidate that answers from work it did in the input refresh runs no GPU work in its
+    windows: 0 us, rounds the paired rule cannot pair. Its time outside the windows is judged
+    all the same, in every round (an H200 attack test caught a version that judged none)."""
+    base = [_round([2700.0, 2710.0], "cupti", outside_us=900.0) for _ in range(8)]
+    cand = [TimingStats(method="cupti", median_us=0.0, n=2, samples_us=[0.0, 0.0], outside_us=3600.0) for _ in range(8)]
+    pairs = [combine.ProcessPair(base, cand), combine.ProcessPair(_rounds([2700.0] * 8), _rounds([2690.0] * 8))]
+    assert pairs[0].kept() is None
+    assert combine.rounds_in_turns(pairs) == list(range(16))
+    assert combine.pair_speedups(pairs)[0] == float("inf")
+    stats_ = combine.combine_processes(pairs[:1], "candidate")
+    # 3600 us outside against the baseline's 900, less the slack of 50 us + 900 us
+    assert timing.charge_outside_work(base, cand, stats_, keep=combine.rounds_in_turns(pairs[:1])) == pytest.approx(1750.0)
+
+
 def test_one_pair_of_processes_combines_as_its_rounds_do():
     base = _rounds([41.0, 57.0, 41.5, 41.2, 58.0, 40.8, 41.1, 41.3])
     cand = _rounds([41.2, 41.0, 41.3, 57.5, 41.0, 41.0, 40.9, 41.4])

@@ -195,8 +195,27 @@ class ProcessPair:
 
 def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
     """Each pair's speedup: the baseline's median over the candidate's, both over the rounds the
-    pair's ``undisturbed_pairs`` kept (raises ``ValueError`` as ``combine_rounds`` does)."""
-    return [combine_rounds(p.baseline, keep=p.kept()).median_us / combine_rounds(p.candidate, keep=p.kept()).median_us for p in pairs]
+    pair's ``undisturbed_pairs`` kept (raises ``ValueError`` as ``combine_rounds`` does). A
+    candidate that ran no GPU work in its windows reads 0 us: infinitely fast, until
+    ``charge_outside_work`` charges it."""
+    def speedup(p: ProcessPair) -> float:
+        base, cand = (combine_rounds(p.rounds(side), keep=p.kept()).median_us for side in SIDES)
+        return base / cand if cand > 0 else math.inf
+
+    return [speedup(p) for p in pairs]
+
+
+def rounds_in_turns(pairs: Sequence[ProcessPair]) -> list[int]:
+    """Indices, into the rounds of every pair one after another (the same on both sides), of the
+    rounds taken in turns that ``undisturbed_pairs`` kept in each pair; every round of a pair
+    whose rounds it could not pair (a side without samples, or a median of 0 us)."""
+    indices: list[int] = []
+    offset = 0
+    for pair in pairs:
+        kept = pair.kept()
+        indices += [offset + r for r in (kept if kept is not None else range(len(pair.candidate)))]
+        offset += len(pair.candidate)
+    return indices
 
 
 def median_pair(pairs: Sequence[ProcessPair]) -> int:
