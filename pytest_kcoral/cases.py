@@ -85,6 +85,12 @@ def load_case(folder: Path, rootdir: Path) -> Case:
     except ValueError:
         case_id = folder.as_posix()
     if (folder / "bench.json").is_file():
+        if (folder / "case.py").is_file():
+            # read as a bench folder, its case.py would be graded as a candidate named "case"; read
+            # as a case.py case, its bench.json would be ignored: either way a guess
+            raise CaseError(folder, "holds both case.py and bench.json: a case is either a case.py case (native or KernelBench)"
+                                    " or a KCoral bench folder (bench.json + bench.py); keep one of the two files"
+                                    " (a bench folder's candidate named case.py needs another name)")
         return _load_kcoral_bench(folder, case_id)
     return _load_case_py(folder, case_id)
 

@@ -320,6 +320,17 @@ def test_malformed_bench_json(pytester, run_kcoral):
     result.assert_outcomes(errors=1)
 
 
+def test_a_folder_with_both_case_py_and_bench_json_is_a_collection_error(pytester, make_case, run_kcoral):
+    # which of the two formats the folder is would be a guess: it is said, and the other cases run
+    make_case("cases/good")
+    folder = make_case("cases/both")
+    (folder / "bench.json").write_text(json.dumps({"cases": [{"n": 64}]}))
+    (folder / "bench.py").write_text(textwrap.dedent(KCORAL_BENCH_PY))
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines(["*cases/both: holds both case.py and bench.json:*keep one*"])
+    result.assert_outcomes(passed=2, errors=1)
+
+
 def test_gpu_only_shape_skips_on_cpu(pytester, make_case, run_kcoral):
     src = textwrap.dedent(
         """
