@@ -95,6 +95,23 @@ def test_kcoral_bench_folder(pytester, run_kcoral):
     result.assert_outcomes(passed=3, failed=3)
 
 
+def test_bench_json_keys_nothing_reads_are_named_in_warnings(pytester, run_kcoral):
+    # KCoral's warmup/repeat have a meaning there and none here; a misspelt atol would leave the
+    # default tolerance in silence. Both are said, and the folder still grades.
+    folder = pytester.path / "bench_relu"
+    folder.mkdir()
+    (folder / "bench.json").write_text(json.dumps({"cases": [{"n": 64}], "warmup": 3, "repeat": 20, "atoll": 1e-3}, indent=1))
+    (folder / "bench.py").write_text(textwrap.dedent(KCORAL_BENCH_PY))
+    (folder / "v0.py").write_text("import torch\ndef run(x):\n    return torch.relu(x)\n")
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1, warnings=3)
+    result.stdout.fnmatch_lines_random([
+        '*bench_relu/bench.json:7: PytestWarning: bench_relu/bench.json: "warmup" is ignored: *set by --kcoral-timing-budget',
+        '*bench_relu/bench.json:8: PytestWarning: bench_relu/bench.json: "repeat" is ignored: *set by --kcoral-timing-budget',
+        '*bench_relu/bench.json:9: PytestWarning: bench_relu/bench.json: unknown key "atoll" is ignored (*); did you mean "atol"?',
+    ])
+
+
 HELPER_CASE = """
 import torch
 from task import N, make  # a module beside case.py, as GPU MODE problems keep task.py and utils.py
