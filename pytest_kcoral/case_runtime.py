@@ -18,7 +18,8 @@ from pytest_kcoral.cases import KCORAL_BENCH, KERNELBENCH, helpers_folder, impor
 
 
 class CandidateError(Exception):
-    """The candidate file does not have the shape of a candidate."""
+    """The candidate file does not have the shape of a candidate (also found at its first call: a
+    ``prepare()`` that returns no callable), a compile failure (``child._is_compile_error``)."""
 
 
 class CaseRuntime:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -24,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from pytest_kcoral.speed_of_light import cost_problem
+from pytest_kcoral.timing import KCORAL_SETTINGS
 
 NATIVE = "native"
 KCORAL_BENCH = "kcoral"
@@ -31,6 +33,9 @@ KERNELBENCH = "kernelbench"
 
 # Shape keys that steer the harness rather than parametrize the case.
 SHAPE_CONTROL_KEYS = ("id", "gpu_only")
+# The top-level keys of a bench.json that the harness reads; KCoral's timing settings
+# (``KCORAL_SETTINGS``: warmup, repeat, ...) are known but ignored, anything else is unknown.
+BENCH_JSON_KEYS = ("cases", "atol", "rtol", "tier")
 
 
 class CaseError(Exception):
@@ -68,6 +73,8 @@ class Case:
     file_digests: dict[str, bytes] = field(default_factory=dict)
     # what is wrong with cost(shape), per shape: those shapes get no speed-of-light figures or floor
     cost_problems: tuple[str, ...] = ()
+    # keys of a bench.json that nothing reads, each said once at its line: the case still grades
+    ignored_config: tuple[tuple[int, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -85,6 +92,12 @@ def load_case(folder: Path, rootdir: Path) -> Case:
     except ValueError:
         case_id = folder.as_posix()
     if (folder / "bench.json").is_file():
+        if (folder / "case.py").is_file():
+            # read as a bench folder, its case.py would be graded as a candidate named "case"; read
+            # as a case.py case, its bench.json would be ignored: either way a guess
+            raise CaseError(folder, "holds both case.py and bench.json: a case is either a case.py case (native or KernelBench)"
+                                    " or a KCoral bench folder (bench.json + bench.py); keep one of the two files"
+                                    " (a bench folder's candidate named case.py needs another name)")
         return _load_kcoral_bench(folder, case_id)
     return _load_case_py(folder, case_id)
 
@@ -413,4 +426,27 @@ def _load_kcoral_bench(folder: Path, case_id: str) -> Case:
         has_baseline=baseline is not None or baseline_file is not None,
         baseline_file=baseline_file,
         **_identity(folder),
+        ignored_config=_ignored_bench_keys(config_path, f"{case_id}/bench.json", config),
     )
+
+
+def _ignored_bench_keys(path: Path, shown: str, config: dict[str, Any]) -> tuple[tuple[int, str], ...]:
+    """``(line, message)`` per bench.json key the harness does not read: a KCoral timing setting
+    would otherwise seem to take effect, and a misspelt ``atol`` would leave the default in silence."""
+    text_lines = path.read_text().splitlines()
+    lines = []
+    for key in config:
+        if key in BENCH_JSON_KEYS:
+            continue
+        if key in KCORAL_SETTINGS:
+            message = (f'{shown}: "{key}" is ignored: KCoral\'s timing settings ({", ".join(sorted(KCORAL_SETTINGS))}) do not'
+                       " apply here; timing runs by time, set by --kcoral-timing-budget")
+        else:
+            close = difflib.get_close_matches(key, BENCH_JSON_KEYS, n=1)
+            hint = f'; did you mean "{close[0]}"?' if close else ""
+            known = ", ".join(f'"{k}"' for k in BENCH_JSON_KEYS)
+            message = f'{shown}: unknown key "{key}" is ignored (a bench.json holds {known}){hint}'
+        quoted = json.dumps(key)
+        line = next((i for i, text in enumerate(text_lines, 1) if quoted in text), 1)
+        lines.append((line, message))
+    return tuple(lines)

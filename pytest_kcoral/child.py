@@ -115,8 +115,12 @@ def _exit_message(exc: SystemExit) -> str:
 
 
 def _is_compile_error(exc: BaseException) -> bool:
-    """Compiler errors that surface at the first call count as compile failures."""
+    """Compiler errors that surface at the first call count as compile failures, and so does a
+    candidate found at its first call not to have a candidate's shape (a ``prepare()`` that returns
+    no callable): neither ever built something to run."""
     import subprocess
+
+    from pytest_kcoral.case_runtime import CandidateError
 
     chain = [exc]
     while chain[-1].__cause__ is not None and len(chain) < 8:
@@ -129,7 +133,7 @@ def _is_compile_error(exc: BaseException) -> bool:
             "NVRTCError",
         ):
             return True
-        if isinstance(e, subprocess.CalledProcessError) or "Error building extension" in str(e):
+        if isinstance(e, (subprocess.CalledProcessError, CandidateError)) or "Error building extension" in str(e):
             return True
     return False
 

@@ -48,6 +48,8 @@ class CaseDirectory(pytest.Directory):
             shown = case.case_id if folder == case.folder else f"{case.case_id}/{folder.name}"
             message = f"{case.case_id}: no candidates to grade (no .py files in {shown}/)"
             warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
+        for lineno, message in case.ignored_config:  # a bench folder's: said at its bench.json
+            warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.folder / "bench.json"), lineno=lineno)
         for problem in case.cost_problems:
             # optional figures: the case still grades, without them on that shape
             message = f"{case.case_id}: {problem}; that shape gets no speed-of-light figures or physical floor"

@@ -135,6 +135,10 @@ class Settings:
         min_speedup = opt("kcoral_min_speedup")
         if min_speedup is not None and not (math.isfinite(min_speedup) and min_speedup > 0):
             raise pytest.UsageError(f"--kcoral-min-speedup must be a positive number, not {min_speedup}")
+        if min_speedup is not None and opt("kcoral_mode") == "correctness":
+            # nothing is timed, so the gate could never fail an item: a run that looks gated and is not
+            raise pytest.UsageError(f"--kcoral-min-speedup {min_speedup:g} needs timing, and --kcoral-mode correctness times nothing;"
+                                    " drop one of them")
         given_seed = opt("kcoral_seed")
         if seed is None:
             seed = given_seed if given_seed is not None else secrets.randbits(63)

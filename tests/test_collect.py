@@ -95,6 +95,23 @@ def test_kcoral_bench_folder(pytester, run_kcoral):
     result.assert_outcomes(passed=3, failed=3)
 
 
+def test_bench_json_keys_nothing_reads_are_named_in_warnings(pytester, run_kcoral):
+    # KCoral's warmup/repeat have a meaning there and none here; a misspelt atol would leave the
+    # default tolerance in silence. Both are said, and the folder still grades.
+    folder = pytester.path / "bench_relu"
+    folder.mkdir()
+    (folder / "bench.json").write_text(json.dumps({"cases": [{"n": 64}], "warmup": 3, "repeat": 20, "atoll": 1e-3}, indent=1))
+    (folder / "bench.py").write_text(textwrap.dedent(KCORAL_BENCH_PY))
+    (folder / "v0.py").write_text("import torch\ndef run(x):\n    return torch.relu(x)\n")
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1, warnings=3)
+    result.stdout.fnmatch_lines_random([
+        '*bench_relu/bench.json:7: PytestWarning: bench_relu/bench.json: "warmup" is ignored: *set by --kcoral-timing-budget',
+        '*bench_relu/bench.json:8: PytestWarning: bench_relu/bench.json: "repeat" is ignored: *set by --kcoral-timing-budget',
+        '*bench_relu/bench.json:9: PytestWarning: bench_relu/bench.json: unknown key "atoll" is ignored (*); did you mean "atol"?',
+    ])
+
+
 HELPER_CASE = """
 import torch
 from task import N, make  # a module beside case.py, as GPU MODE problems keep task.py and utils.py
@@ -272,11 +289,13 @@ def test_a_missing_submissions_folder_is_a_usage_error(make_case, run_kcoral):
     (["--kcoral-timing-budget", "0"], "--kcoral-timing-budget must be a number of seconds, above 0 and at most 604800, not 0.0"),
     (["--kcoral-lease-timeout", "-1"], "--kcoral-lease-timeout must be a number of seconds, 0 or more and at most 604800, not -1.0"),
     (["--kcoral-min-speedup", "nan"], "--kcoral-min-speedup must be a positive number, not nan"),
+    (["--kcoral-min-speedup", "1.5", "--kcoral-mode", "correctness"],
+     "--kcoral-min-speedup 1.5 needs timing, and --kcoral-mode correctness times nothing; drop one of them"),
     (["--kcoral-trials", "10000000"], "--kcoral-trials must be from 1 to 1000, not 10000000"),
     (["--kcoral-lease-dir", "cases/add/case.py"], "--kcoral-lease-dir cases/add/case.py: cannot be made a directory (File exists)"),
     (["--kcoral-json", "cases"], "--kcoral-json cases: a directory; give the path of the file to write"),
     (["--kcoral-timer", "cupti"], "--kcoral-timer cupti times CUDA devices, and none is visible here; *"),
-], ids=["timeout-inf", "timeout-nan", "budget-zero", "lease-timeout-negative", "min-speedup-nan", "trials-huge",
+], ids=["timeout-inf", "timeout-nan", "budget-zero", "lease-timeout-negative", "min-speedup-nan", "min-speedup-untimed", "trials-huge",
         "lease-dir-a-file", "json-a-directory", "cupti-without-a-gpu"])
 def test_a_bad_option_value_is_a_usage_error_at_the_start(make_case, run_kcoral, args, message):
     make_case("cases/add")
@@ -316,6 +335,17 @@ def test_malformed_bench_json(pytester, run_kcoral):
     result = run_kcoral("--kcoral-mode", "correctness")
     result.stdout.fnmatch_lines(["*bench_bad/bench.json: invalid JSON at line 1*"])
     result.assert_outcomes(errors=1)
+
+
+def test_a_folder_with_both_case_py_and_bench_json_is_a_collection_error(pytester, make_case, run_kcoral):
+    # which of the two formats the folder is would be a guess: it is said, and the other cases run
+    make_case("cases/good")
+    folder = make_case("cases/both")
+    (folder / "bench.json").write_text(json.dumps({"cases": [{"n": 64}]}))
+    (folder / "bench.py").write_text(textwrap.dedent(KCORAL_BENCH_PY))
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.stdout.fnmatch_lines(["*cases/both: holds both case.py and bench.json:*keep one*"])
+    result.assert_outcomes(passed=2, errors=1)
 
 
 def test_gpu_only_shape_skips_on_cpu(pytester, make_case, run_kcoral):

@@ -620,3 +620,16 @@ def test_a_gpu_mode_submission_gets_its_inputs_as_one_object(make_case, run_kcor
         "*cases/add::nothing?seen-n=* - kcoral compile failed*",
     ])
     result.stdout.fnmatch_lines(["*nothing.py: defines none of run(?inputs), prepare(?inputs) or custom_kernel(data)*"])
+
+
+def test_a_prepare_that_returns_no_callable_fails_the_compile_stage(make_case, run_kcoral, pytester):
+    # prepare() is the candidate's setup: what it hands back is what gets called, so a None (a
+    # forgotten return) is a candidate that never built, not one that ran and got it wrong
+    make_case("cases/add", candidates={"no_fn": "def prepare(a, b):\n    a + b\n"})
+    result = run_kcoral("-m", "seen", "--kcoral-mode", "correctness", "--kcoral-json", "out.json")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'correctness': *no_fn.py: prepare() returned NoneType None, not a callable*"])
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["stage"] == "compile" and item["compiled"] is False, item
+    (pair,) = json.loads((pytester.path / "out.json").read_text())["candidates"]
+    assert pair["compiled"] is False and pair["aka_score"] == 0
