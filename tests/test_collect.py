@@ -104,7 +104,8 @@ def test_bench_json_keys_nothing_reads_are_named_in_warnings(pytester, run_kcora
     (folder / "bench.py").write_text(textwrap.dedent(KCORAL_BENCH_PY))
     (folder / "v0.py").write_text("import torch\ndef run(x):\n    return torch.relu(x)\n")
     result = run_kcoral("--kcoral-mode", "correctness")
-    result.assert_outcomes(passed=1, warnings=3)
+    result.assert_outcomes(passed=1)  # the warnings counted below: pytest's own may join them in process
+    assert sum("PytestWarning: bench_relu/bench.json: " in line for line in result.stdout.lines) == 3
     result.stdout.fnmatch_lines_random([
         '*bench_relu/bench.json:7: PytestWarning: bench_relu/bench.json: "warmup" is ignored: *set by --kcoral-timing-budget',
         '*bench_relu/bench.json:8: PytestWarning: bench_relu/bench.json: "repeat" is ignored: *set by --kcoral-timing-budget',

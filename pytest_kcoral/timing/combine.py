@@ -185,8 +185,8 @@ class ProcessPair:
         return self.baseline if side == "baseline" else self.candidate
 
     def kept(self) -> list[int] | None:
-        """The rounds ``undisturbed_pairs`` keeps; None when a side has no samples (its
-        ``combine_rounds`` then says which)."""
+        """The rounds ``undisturbed_pairs`` keeps; None when it can pair none (a side without
+        samples, which its ``combine_rounds`` then names, or a median of 0 us)."""
         try:
             return undisturbed_pairs(self.baseline, self.candidate)
         except ValueError:
