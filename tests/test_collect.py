@@ -200,6 +200,19 @@ def test_kernelbench_parameters_made_in_another_order_get_a_hint(pytester, make_
                                  "hint: most elements differ in every trial: ModelNew's parameters are made under the same seed*"])
 
 
+def test_kernelbench_without_parameters_gets_no_parameter_hint(pytester, make_case, run_kcoral):
+    # the hint blamed ModelNew's parameters where Model has none: there the candidate's maths is wrong
+    no_parameters = KERNELBENCH_CASE.replace("        self.linear = torch.nn.Linear(features, features)\n", "").replace(
+        "torch.relu(self.linear(x))", "torch.relu(x) * 2")
+    wrong = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, features):\n        super().__init__()\n\n" \
+            "    def forward(self, x):\n        return x.abs() * 2 + 1\n"
+    make_case("kb/relu_double", no_parameters, {"wrong": wrong})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*trial 1 of 3: output 0: 32 of 32 elements (100%) outside*", "trial 3 of 3: *(100%) outside*"])
+    assert "ModelNew's parameters" not in result.stdout.str()
+
+
 def test_kernelbench_without_seen_uses_the_files_own_shape(pytester, make_case, run_kcoral):
     src = KERNELBENCH_CASE.replace('SEEN = [{"batch_size": 4}]\nUNSEEN = [{"batch_size": 5}]\n', "")
     make_case("kb/plain", src, {"fused": KERNELBENCH_CANDIDATE})
