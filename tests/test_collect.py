@@ -253,6 +253,29 @@ def test_a_submission_that_matches_no_case_is_named(pytester, make_case, run_kco
                                  " team-c/ad.py, team-c/mul/try1.py (a submission is <team>/<case>.py or*"])
 
 
+def test_a_submission_two_same_named_cases_take_is_named_with_both(pytester, make_case, run_kcoral):
+    # a submission is matched by its case folder's name: cases/a/add and cases/b/add both graded
+    # team-a/add.py, and nothing said so
+    make_case("cases/a/add", candidates={})
+    make_case("cases/b/add", candidates={})
+    make_case("cases/b/mul", candidates={})
+    subs = pytester.path / "subs"
+    (subs / "team-a" / "add").mkdir(parents=True)
+    (subs / "team-a" / "add.py").write_text("def run(a, b):\n    return a + b\n")
+    (subs / "team-a" / "add" / "try1.py").write_text("def run(a, b):\n    return b + a\n")
+    (subs / "team-a" / "mul.py").write_text("def run(a, b):\n    return a + b\n")  # one case only: not named
+    result = run_kcoral("cases", "--kcoral-submissions", "subs", "--kcoral-mode", "correctness", "-m", "seen", "-v")
+    result.assert_outcomes(passed=8, deselected=8)  # each case has its bundled "good" too
+    result.stdout.fnmatch_lines(["*cases/a/add::team-a[[]seen-n=256[]] PASSED*", "*cases/b/add::team-a[[]seen-n=256[]] PASSED*"])
+    result.stdout.fnmatch_lines([f"*PytestWarning: --kcoral-submissions {subs}: the case folders cases/a/add, cases/b/add share the name"
+                                 " 'add', and a submission is matched by that name alone: each of them grades the same 2 file(s),"
+                                 " team-a/add.py, team-a/add/try1.py; rename a case folder (and its submissions) to grade them apart"])
+    assert result.stdout.str().count("share the name") == 1 and "match no collected case" not in result.stdout.str()
+    # one of the two collected: nothing shared, nothing said
+    result = run_kcoral("cases/a", "--kcoral-submissions", "subs", "--collect-only", "-q")
+    assert "share the name" not in result.stdout.str()
+
+
 def test_two_files_that_would_get_one_candidate_name_are_a_collection_error(pytester, make_case, run_kcoral):
     """A bundled teamB.py and team teamB's submission, or one team in two submissions folders,
     would share item ids: one file's results replaced the other's in the JSON and the scores,
