@@ -91,8 +91,28 @@ class CaseRuntime:
         fn = self._baseline_fn or self._entry_points["reference"]
         return lambda: fn(*args)
 
+    def model_has_parameters(self, shape: dict[str, Any]) -> bool | None:
+        """Whether the KernelBench ``Model`` built for the shape holds parameters (None for the
+        other formats): only then can a candidate's weights differ from the reference's."""
+        if self.format != KERNELBENCH:
+            return None
+        parameters = getattr(self._model(self._entry_points["Model"], shape), "parameters", None)
+        return callable(parameters) and any(True for _ in parameters())
+
     def bind_model(self, model_class: Any, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
         """A KernelBench model built under the init seed, so reference and candidate weights match."""
+        import torch
+
+        model = self._model(model_class, shape)
+
+        def call() -> Any:
+            with torch.no_grad():
+                return model(*args)
+
+        return call
+
+    def _model(self, model_class: Any, shape: dict[str, Any]) -> Any:
+        """The model for the shape, built once under the init seed."""
         import torch
 
         # the device is part of the key: compile builds the model before the lease names a GPU
@@ -104,12 +124,7 @@ class CaseRuntime:
             torch.manual_seed(self.init_seed)
             model = model_class(*init_inputs).to(self.device)
             self._models[key] = model
-
-        def call() -> Any:
-            with torch.no_grad():
-                return model(*args)
-
-        return call
+        return model
 
 
 def _baseline_from_file(path: Path) -> Callable[..., Any]:

@@ -285,7 +285,8 @@ class _Runner:
         # in every trial, once one trial wrote it
         written_inputs = header["written_inputs"] if "written_inputs" in header else sorted(written)
         reply = {"baseline_problems": baseline_problems, "baseline_raised": baseline_raised, "weak": weak, "structure": structure,
-                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases)}
+                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases),
+                 "model_has_parameters": self.case.model_has_parameters(shape)}
         return reply, {"inputs": inputs, "reference": refs,
                        "written": [tuple(after[j] for j in written_inputs) for after in after_calls]}
 

@@ -40,7 +40,10 @@ class CaseDirectory(pytest.Directory):
             # one broken case must not stop the others from running
             self.config.option.continue_on_collection_errors = True
             raise self.CollectError(str(exc)) from None
-        self.config.stash.setdefault(submissions_matched_key, set()).update(c.path for c in candidates if c.team is not None)
+        taken = self.config.stash.setdefault(submissions_matched_key, {})
+        for c in candidates:
+            if c.team is not None:
+                taken.setdefault(c.path, set()).add(case.case_id)
         if not candidates and not settings.submissions:
             # a first case without its candidates/ folder would otherwise grade nothing in silence
             # (with --kcoral-submissions, a case nobody submitted for is expected)

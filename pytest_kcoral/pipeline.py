@@ -128,6 +128,8 @@ class ReferenceData:
     # (output, input) pairs where the reference returns one of its inputs (``return a.add_(b)``):
     # a candidate's output may share memory with that input too
     output_aliases: tuple[tuple[int, int], ...] = ()
+    # a KernelBench Model holds parameters (its weights come from the init seed); None: another format
+    model_has_parameters: bool | None = None
 
     def record_into(self, result: ItemResult) -> None:
         """What the reference's side found, known before the candidate runs, into the item."""
@@ -496,6 +498,7 @@ class LocalExecutor:
             written_inputs=tuple(header.get("written_inputs") or ()),
             written=payload.get("written") or [],
             output_aliases=tuple((int(i), int(j)) for i, j in header.get("output_aliases") or ()),
+            model_has_parameters=header.get("model_has_parameters"),
         )
         if not data.written_inputs and all(v is None for ref in data.reference for v in ref):
             raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference returns nothing and writes none of its INPLACE"
@@ -589,8 +592,9 @@ class LocalExecutor:
                 trial += _compare_trial(ref, t, outputs[t], written[t], tol)
             trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
-        if spec.case.format == KERNELBENCH and _mostly_wrong(problems, len(ref.inputs)):
-            # the usual cause: ModelNew draws its parameters in another order than Model
+        if spec.case.format == KERNELBENCH and ref.model_has_parameters and _mostly_wrong(problems, len(ref.inputs)):
+            # the usual cause: ModelNew draws its parameters in another order than Model (a Model
+            # without parameters has no weights to get wrong: the hint would mislead there)
             problems.append("hint: most elements differ in every trial: ModelNew's parameters are made under the same seed"
                             " as Model's, so they match only when ModelNew creates the same parameters, in the same order and shapes")
         # what explains wrong values goes first; after a wrong kind of output (an int where the

@@ -22,7 +22,8 @@ settings_key = pytest.StashKey[Settings]()
 executor_key = pytest.StashKey[Any]()
 # (case folder, item name, the argument as given) per case id given as an argument
 selection_key = pytest.StashKey[list[tuple[str, str, str]]]()
-submissions_matched_key = pytest.StashKey[set[Path]]()  # submission files some collected case took
+# submission files some collected case took -> the ids of the cases that took each
+submissions_matched_key = pytest.StashKey[dict[Path, set[str]]]()
 
 MARKERS = [
     "kcoral: a graded kernel item (pytest-kcoral)",
@@ -186,7 +187,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Say which submission files no collected case took: a misnamed one is otherwise graded
-    nowhere, and its team is missing from the leaderboard without a word."""
+    nowhere, and its team is missing from the leaderboard without a word. And which ones several
+    cases took: a submission is matched by its case folder's name alone, so ``cases/a/add`` and
+    ``cases/b/add`` both grade ``<team>/add.py``, which nobody would guess from the results."""
     config = session.config
     settings = config.stash[settings_key]
     workerinput = getattr(config, "workerinput", None)
@@ -194,14 +197,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return  # under xdist every worker collects the same: one of them says it
     from pytest_kcoral.candidates import submission_files
 
-    matched = config.stash.get(submissions_matched_key, set())
+    matched = config.stash.get(submissions_matched_key, {})
     for root in settings.submissions:
-        unmatched = [p.relative_to(root).as_posix() for p in submission_files(root) if p not in matched]
+        files = submission_files(root)
+        unmatched = [p.relative_to(root).as_posix() for p in files if p not in matched]
         if unmatched:
-            shown = ", ".join(unmatched[:8]) + (f", ... ({len(unmatched) - 8} more)" if len(unmatched) > 8 else "")
             warnings.warn(pytest.PytestWarning(
-                f"--kcoral-submissions {root}: {len(unmatched)} file(s) match no collected case and are not graded: {shown}"
+                f"--kcoral-submissions {root}: {len(unmatched)} file(s) match no collected case and are not graded: {_a_few(unmatched)}"
                 " (a submission is <team>/<case>.py or <team>/<case>/<attempt>.py, <case> being a case folder's name)"))
+        shared: dict[tuple[str, ...], list[str]] = {}  # the cases that took the same files -> those files
+        for p in files:
+            if len(matched.get(p, ())) > 1:
+                shared.setdefault(tuple(sorted(matched[p])), []).append(p.relative_to(root).as_posix())
+        for cases, taken in shared.items():
+            warnings.warn(pytest.PytestWarning(
+                f"--kcoral-submissions {root}: the case folders {', '.join(cases)} share the name '{Path(cases[0]).name}',"
+                f" and a submission is matched by that name alone: each of them grades the same {len(taken)} file(s),"
+                f" {_a_few(taken)}; rename a case folder (and its submissions) to grade them apart"))
+
+
+def _a_few(paths: list[str]) -> str:
+    return ", ".join(paths[:8]) + (f", ... ({len(paths) - 8} more)" if len(paths) > 8 else "")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -243,6 +243,19 @@ class FailedCase:
 
 
 @dataclass
+class WrongBaseline:
+    """A case whose baseline disagrees with its reference on some shapes (``baseline_correct``
+    false): it is timed all the same, so the speedups there compare against code that computes
+    something else, and seen ones still earn their credit."""
+
+    case: str
+    shapes: list[str]  # "seen n=8", "unseen n=9"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class CaseSummary:
     case: str
     tier: int
@@ -269,6 +282,7 @@ class Scores:
     cases: list[CaseSummary]
     timers: TimerUse
     failed_cases: list[FailedCase] = field(default_factory=list)
+    wrong_baselines: list[WrongBaseline] = field(default_factory=list)
 
 
 # -- computation ------------------------------------------------------------------------------
@@ -494,10 +508,26 @@ def failed_cases(items: Iterable[ItemResult]) -> list[FailedCase]:
             by_case[it.case].append(it)
     out = []
     for case, its in sorted(by_case.items()):
-        shapes = sorted({(it.split != "seen", it.shape_id) for it in its})
         reason = (its[0].message or "").split("\n", 1)[0].removeprefix(CASE_FAILED_PREFIX)
-        out.append(FailedCase(case, [f"{'unseen' if unseen else 'seen'} {shape}" for unseen, shape in shapes], reason))
+        out.append(FailedCase(case, _split_shapes(its), reason))
     return out
+
+
+def _split_shapes(items: Iterable[ItemResult]) -> list[str]:
+    """``seen n=8``, ``unseen n=9``: each shape once, seen shapes first."""
+    shapes = sorted({(it.split != "seen", it.shape_id) for it in items})
+    return [f"{'unseen' if unseen else 'seen'} {shape}" for unseen, shape in shapes]
+
+
+def wrong_baselines(items: Iterable[ItemResult]) -> list[WrongBaseline]:
+    """Cases whose baseline disagrees with the reference (``baseline_correct`` false), with those
+    shapes. Items of a case that failed by itself there are left out: ``failed_cases`` names them
+    with the reason, and they have no speedup to warn about."""
+    by_case: dict[str, list[ItemResult]] = defaultdict(list)
+    for it in graded(items):
+        if it.baseline_correct is False and not it.case_failed:
+            by_case[it.case].append(it)
+    return [WrongBaseline(case, _split_shapes(its)) for case, its in sorted(by_case.items())]
 
 
 FALLBACK_FLAG = "fallback_to_events: "  # timing/__init__.py's flag when CUPTI could not be used
@@ -551,4 +581,5 @@ def score(items: Sequence[ItemResult]) -> Scores:
         cases=case_summaries(candidates, items),
         timers=timer_use(items),
         failed_cases=failed_cases(items),
+        wrong_baselines=wrong_baselines(items),
     )

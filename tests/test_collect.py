@@ -201,6 +201,19 @@ def test_kernelbench_parameters_made_in_another_order_get_a_hint(pytester, make_
                                  "hint: most elements differ in every trial: ModelNew's parameters are made under the same seed*"])
 
 
+def test_kernelbench_without_parameters_gets_no_parameter_hint(pytester, make_case, run_kcoral):
+    # the hint blamed ModelNew's parameters where Model has none: there the candidate's maths is wrong
+    no_parameters = KERNELBENCH_CASE.replace("        self.linear = torch.nn.Linear(features, features)\n", "").replace(
+        "torch.relu(self.linear(x))", "torch.relu(x) * 2")
+    wrong = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, features):\n        super().__init__()\n\n" \
+            "    def forward(self, x):\n        return x.abs() * 2 + 1\n"
+    make_case("kb/relu_double", no_parameters, {"wrong": wrong})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*trial 1 of 3: output 0: 32 of 32 elements (100%) outside*", "trial 3 of 3: *(100%) outside*"])
+    assert "ModelNew's parameters" not in result.stdout.str()
+
+
 def test_kernelbench_without_seen_uses_the_files_own_shape(pytester, make_case, run_kcoral):
     src = KERNELBENCH_CASE.replace('SEEN = [{"batch_size": 4}]\nUNSEEN = [{"batch_size": 5}]\n', "")
     make_case("kb/plain", src, {"fused": KERNELBENCH_CANDIDATE})
@@ -239,6 +252,29 @@ def test_a_submission_that_matches_no_case_is_named(pytester, make_case, run_kco
     result.stdout.fnmatch_lines(["*cases/add::team-a[[]seen-n=256[]] PASSED*"])
     result.stdout.fnmatch_lines([f"*PytestWarning: --kcoral-submissions {subs}: 2 file(s) match no collected case and are not graded:"
                                  " team-c/ad.py, team-c/mul/try1.py (a submission is <team>/<case>.py or*"])
+
+
+def test_a_submission_two_same_named_cases_take_is_named_with_both(pytester, make_case, run_kcoral):
+    # a submission is matched by its case folder's name: cases/a/add and cases/b/add both graded
+    # team-a/add.py, and nothing said so
+    make_case("cases/a/add", candidates={})
+    make_case("cases/b/add", candidates={})
+    make_case("cases/b/mul", candidates={})
+    subs = pytester.path / "subs"
+    (subs / "team-a" / "add").mkdir(parents=True)
+    (subs / "team-a" / "add.py").write_text("def run(a, b):\n    return a + b\n")
+    (subs / "team-a" / "add" / "try1.py").write_text("def run(a, b):\n    return b + a\n")
+    (subs / "team-a" / "mul.py").write_text("def run(a, b):\n    return a + b\n")  # one case only: not named
+    result = run_kcoral("cases", "--kcoral-submissions", "subs", "--kcoral-mode", "correctness", "-m", "seen", "-v")
+    result.assert_outcomes(passed=8, deselected=8)  # each case has its bundled "good" too
+    result.stdout.fnmatch_lines(["*cases/a/add::team-a[[]seen-n=256[]] PASSED*", "*cases/b/add::team-a[[]seen-n=256[]] PASSED*"])
+    result.stdout.fnmatch_lines([f"*PytestWarning: --kcoral-submissions {subs}: the case folders cases/a/add, cases/b/add share the name"
+                                 " 'add', and a submission is matched by that name alone: each of them grades the same 2 file(s),"
+                                 " team-a/add.py, team-a/add/try1.py; rename a case folder (and its submissions) to grade them apart"])
+    assert result.stdout.str().count("share the name") == 1 and "match no collected case" not in result.stdout.str()
+    # one of the two collected: nothing shared, nothing said
+    result = run_kcoral("cases/a", "--kcoral-submissions", "subs", "--collect-only", "-q")
+    assert "share the name" not in result.stdout.str()
 
 
 def test_two_files_that_would_get_one_candidate_name_are_a_collection_error(pytester, make_case, run_kcoral):

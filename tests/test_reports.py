@@ -652,6 +652,29 @@ def test_cases_that_failed_by_themselves_are_named_in_every_report():
     assert not scoring.score(fixed_items()).failed_cases
 
 
+def test_a_wrong_baseline_is_named_in_every_report():
+    # speedups against a baseline that disagrees with the reference read as fine in the summary
+    wrong = [item(case="cases/w", candidate=name, split=split, shape_id=shape, speedup=2.0, baseline_correct=False)
+             for name in ("x", "y") for split, shape in (("unseen", "n=9"), ("seen", "n=8"), ("seen", "n=7"), ("seen", "n=6"))]
+    raised = item(case="cases/w", split="seen", shape_id="n=5", correct=False, baseline_correct=False)
+    raised.case_failed = True  # said by its CASE FAILED line, with the reason
+    raised.message = "the case itself failed (not the candidate): ValueError: no baseline"
+    scores = scoring.score(fixed_items() + wrong + [raised])
+    (w,) = scores.wrong_baselines
+    assert w.case == "cases/w" and w.shapes == ["seen n=6", "seen n=7", "seen n=8", "unseen n=9"]
+    line = ("WRONG BASELINE cases/w on seen n=6, seen n=7, seen n=8 and 1 more: its baseline disagrees with the reference;"
+            " speedups there compare against wrong code")
+    lines = terminal.summary_lines(scores)
+    assert line in lines and any(x.startswith("CASE FAILED cases/w on seen n=5,") for x in lines)
+    assert ("- **wrong baseline** `cases/w` on seen n=6, seen n=7, seen n=8 and 1 more: its baseline disagrees with the"
+            " reference; speedups there compare against wrong code") in step_summary.render_markdown(scores).splitlines()
+    # only two shapes: both named, nothing counted; a baseline checked right, or not checked, no line
+    LineMatcher(terminal.summary_lines(scoring.score(wrong[:2]))).fnmatch_lines(
+        ["WRONG BASELINE cases/w on seen n=8, unseen n=9: its baseline disagrees*"])
+    assert not scoring.score(fixed_items()).wrong_baselines
+    assert not any("WRONG BASELINE" in x for x in terminal.summary_lines(scoring.score(fixed_items())))
+
+
 def test_an_unwritable_json_path_is_said_and_fails_the_session(fake_suite: pytest.Pytester):
     (fake_suite.path / "a_file").write_text("not a folder")
     result = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2", "--kcoral-json", "a_file/out.json")

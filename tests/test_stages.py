@@ -262,6 +262,23 @@ def test_a_baseline_that_disagrees_is_recorded_not_failed(make_case, run_kcoral,
     assert item["correct"] is True and item["baseline_correct"] is False
 
 
+
+def test_a_baseline_that_disagrees_is_named_in_the_summary(make_case, run_kcoral, pytester):
+    # its speedups were shown, and the seen ones credited, as if measured against the right code
+    shapes = 'SEEN = [{"n": 64}, {"n": 65}]\nUNSEEN = [{"n": 66}, {"n": 67}]'
+    make_case("cases/add", DISAGREEING_BASELINE.replace('SEEN = [{"n": 64}]', shapes), {"good": GOOD})
+    result = run_kcoral("--kcoral-json", "out.json")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["WRONG BASELINE cases/add on seen n=64, seen n=65, unseen n=66 and 1 more: its baseline"
+                                 " disagrees with the reference; speedups there compare against wrong code"])
+    assert all(i["speedup"] is not None for i in json.loads((pytester.path / "out.json").read_text())["items"])
+    # a right baseline, no line
+    make_case("cases/add", DISAGREEING_BASELINE.replace("a - b", "a + b"), {"good": GOOD})
+    result = run_kcoral("--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1)
+    assert "WRONG BASELINE" not in result.stdout.str()
+
+
 RAISING_BASELINE = """
 import torch
 SEEN = [{"n": 64}]

@@ -38,6 +38,18 @@ def no_seen_note(candidates: Sequence[CandidateScore]) -> str | None:
             " (no correctness points, bench-lite 0) until their seen shapes run")
 
 
+SHAPES_NAMED = 3  # a line about a case names this many of its shapes and counts the rest
+
+
+def fmt_shapes(shapes: Sequence[str]) -> str:
+    """``seen n=8, seen n=9, unseen n=10 and 2 more``: a few shapes named, the rest counted."""
+    more = f" and {len(shapes) - SHAPES_NAMED} more" if len(shapes) > SHAPES_NAMED else ""
+    return ", ".join(shapes[:SHAPES_NAMED]) + more
+
+
+WRONG_BASELINE_WHY = "its baseline disagrees with the reference; speedups there compare against wrong code"
+
+
 NOTHING_TIMED_NOTE = "(nothing timed: --kcoral-mode correctness measures no speed)"
 
 

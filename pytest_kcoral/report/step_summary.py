@@ -10,6 +10,7 @@ from typing import Sequence
 from pytest_kcoral.report import (
     HOST_SET_MARK,
     NOTHING_TIMED_NOTE,
+    WRONG_BASELINE_WHY,
     collection_error_line,
     fmt_bool,
     fmt_mean_speedup,
@@ -18,6 +19,7 @@ from pytest_kcoral.report import (
     fmt_pct,
     fmt_rates,
     fmt_score,
+    fmt_shapes,
     fmt_speed_score,
     fmt_speedup,
     fmt_unseen,
@@ -103,6 +105,8 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     for f in scores.failed_cases:
         out.append(f"- **case failed** `{f.case}` on {', '.join(f.shapes)}, every candidate failing there:"
                    f" {_cell(f.reason)}")
+    for b in scores.wrong_baselines:
+        out.append(f"- **wrong baseline** `{b.case}` on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     if scores.timers.methods:
         out.append("- timed by " + fmt_methods(scores.timers.methods))
     for reason, n in scores.timers.fallbacks.items():

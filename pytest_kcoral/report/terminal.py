@@ -13,12 +13,14 @@ import pytest
 
 from pytest_kcoral.report import (
     NOTHING_TIMED_NOTE,
+    WRONG_BASELINE_WHY,
     collection_error_line,
     fmt_bool,
     fmt_mean_speedup,
     fmt_methods,
     fmt_pct,
     fmt_score,
+    fmt_shapes,
     fmt_speed_score,
     fmt_speedup,
     fmt_unseen,
@@ -99,6 +101,8 @@ def suite_lines(scores: Scores) -> list[str]:
                      f"{', '.join(w.shapes)}")
     for f in scores.failed_cases:
         lines.append(f"CASE FAILED {f.case} on {', '.join(f.shapes)}, every candidate failing there: {f.reason}")
+    for b in scores.wrong_baselines:
+        lines.append(f"WRONG BASELINE {b.case} on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     lines += timer_lines(scores.timers)
     return lines
 
@@ -161,5 +165,5 @@ def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
         red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "NOTHING COMPARED", "CASE FAILED",
-                                        "NO SEEN SHAPE"))
+                                        "NO SEEN SHAPE", "WRONG BASELINE"))
         terminalreporter.write_line(line, red=red)
