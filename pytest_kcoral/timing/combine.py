@@ -11,6 +11,7 @@ the speed of the process it runs in, and ``combine_processes`` takes the median 
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -180,6 +181,8 @@ class ProcessPair:
     baseline: list[TimingStats] = field(default_factory=list)
     candidate: list[TimingStats] = field(default_factory=list)
     verify: list[list[dict]] = field(default_factory=list)
+    # one side's figures in this pair, once its rounds are all in (``side_stats``)
+    _stats: dict[str, TimingStats] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def rounds(self, side: str) -> list[TimingStats]:
         return self.baseline if side == "baseline" else self.candidate
@@ -192,6 +195,13 @@ class ProcessPair:
         except ValueError:
             return None
 
+    def side_stats(self, side: str) -> TimingStats:
+        """``combine_rounds`` of ``side``'s rounds that ``kept`` keeps, computed once: call it
+        only when the pair's rounds are all timed (raises ``ValueError`` as it does)."""
+        if side not in self._stats:
+            self._stats[side] = combine_rounds(self.rounds(side), keep=self.kept())
+        return self._stats[side]
+
 
 def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
     """Each pair's speedup: the baseline's median over the candidate's, both over the rounds the
@@ -199,7 +209,7 @@ def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
     candidate that ran no GPU work in its windows reads 0 us: infinitely fast, until
     ``charge_outside_work`` charges it."""
     def speedup(p: ProcessPair) -> float:
-        base, cand = (combine_rounds(p.rounds(side), keep=p.kept()).median_us for side in SIDES)
+        base, cand = (p.side_stats(side).median_us for side in SIDES)
         return base / cand if cand > 0 else math.inf
 
     return [speedup(p) for p in pairs]
@@ -250,14 +260,14 @@ def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
     ``processes`` and ``process_medians_us`` say what the side read in each, and a flag which pair
     set the figures. Raises ``ValueError`` as ``combine_rounds`` does."""
     if len(pairs) == 1:
-        return combine_rounds(pairs[0].rounds(side), keep=pairs[0].kept())
+        return copy.deepcopy(pairs[0].side_stats(side))  # the caller may charge it (``charge_outside_work``)
     chosen = median_pair(pairs)
     rounds = [r for p in pairs for r in p.rounds(side)]
     start = sum(len(p.rounds(side)) for p in pairs[:chosen])
     others = [i for i in range(len(rounds)) if not start <= i < start + len(pairs[chosen].rounds(side))]
     combined = combine_rounds(rounds, keep=kept_rounds(pairs, side), set_aside=others)
     combined.processes = len(pairs)
-    combined.process_medians_us = [combine_rounds(p.rounds(side), keep=p.kept()).median_us for p in pairs]
+    combined.process_medians_us = [p.side_stats(side).median_us for p in pairs]
     speedups = ", ".join(f"{s:.4g}" for s in pair_speedups(pairs))
     combined.flags.append(f"median_pair={chosen + 1}/{len(pairs)}: timed in {len(pairs)} pairs of fresh processes, whose"
                           f" speedups were {speedups}: the figures are the median pair's")
