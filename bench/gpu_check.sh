@@ -2,7 +2,7 @@
 # The GPU checks a session owes after GPU-facing changes, each bounded in time. One device call
 # allows 10 minutes, so pick the parts that fit (in parentheses: their time on an H200 in session 2):
 #   bash bench/gpu_check.sh "$OUT" tests self      (carry .whl: cupti-python and pyelftools wheels)
-# Parts: tests (GPU tests and GPU attacks, ~5.5 min: the GPU tests alone took 4 min in session 9), noise (process noise, ~1.5 min), self
+# Parts: tests (GPU tests and GPU attacks, ~7.5 min: 4.6 and 2.9 min in session 15), noise (process noise, ~1.5 min), self
 # (self-speedup of every bundled case, ~3 min), events (the events' own cost, ~10 s), scaling (the
 # seen shapes of every bundled case with 1, 1 again, 2 and 4 workers; two GPUs; ~9 min: a call of
 # its own), drift (the short-kernel cases with 1 and 2 workers at the default budget, ~2 min).
@@ -27,7 +27,7 @@ for part in $parts; do
     tests)  # timing and pipeline on a GPU, the GPU-only attacks (and the tamper check on CUDA)
         timeout -s INT -k 20 330 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --tb=short --durations=8 > "$out/gpu_tests.log" 2>&1
         grep -E "^(FAILED|ERROR)|passed|failed|^[0-9.]+s call" "$out/gpu_tests.log" | tail -n 16
-        timeout -s INT -k 20 150 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
+        timeout -s INT -k 20 200 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
             > "$out/gpu_attacks.log" 2>&1
         tail -n 3 "$out/gpu_attacks.log" ;;
     noise)  # the same kernels in fresh processes, twice each (issue 7)

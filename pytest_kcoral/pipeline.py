@@ -35,11 +35,32 @@ from pytest_kcoral.timing import combine, pinning
 VERIFIED_TIMED_CALLS = 2
 BASELINE_PROBLEMS_KEPT = 5  # lines of why a baseline is wrong, per item in the JSON
 TIMING_INPUT_SETS = 3
-# Per side, interleaved (see LocalExecutor._time). Short rounds: one process's speed changes within
-# a second or so, and a pair of rounds it slowed is left out (``timing.undisturbed_pairs``); with
-# more pairs, more of them are left undisturbed.
+# Per side, interleaved (see LocalExecutor._time_pair). Short rounds: one process's speed changes
+# within a second or so, and a pair of rounds it slowed is left out (``timing.undisturbed_pairs``);
+# with more pairs, more of them are left undisturbed.
 TIMING_ROUNDS = 8
 _WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
+# On a GPU, shorter still: a launch-bound chain runs at the host's speed, which changes within tens
+# of milliseconds, and rounds of about 30 ms taken in turns see the same speed on both sides (the
+# pairs of processes' ratios spread 3-4x less than with 125 ms rounds, and 16 ms rounds, with few
+# samples each, did worse: docs/performance.md, session 15). Launch-bound items work on little
+# data. A round takes at least ``min_samples`` samples, each with its inputs' refresh, and sends a
+# kept timed output back, so items whose inputs and results are large keep ``TIMING_ROUNDS``: 32
+# rounds took KernelBench's 4096 GELU-linear (host-built 64 MiB inputs) from 16 to 50 s.
+GPU_ROUND_S = 1 / 32
+GPU_MAX_ROUNDS = 32
+GPU_SHORT_ROUNDS_MAX_BYTES = 1 << 20
+
+
+def timing_rounds(device_kind: str, item_bytes: int, budget_s: float) -> int:
+    """Rounds a side for an item on ``device_kind`` whose inputs and results (outputs and in-place
+    results) for one input set take ``item_bytes``, timed for ``budget_s`` a side: on a GPU, rounds
+    of ``GPU_ROUND_S`` for a small item (no fewer than ``TIMING_ROUNDS``, no more than
+    ``GPU_MAX_ROUNDS``)."""
+    if device_kind == "cpu" or item_bytes > GPU_SHORT_ROUNDS_MAX_BYTES:
+        return TIMING_ROUNDS
+    return max(TIMING_ROUNDS, min(GPU_MAX_ROUNDS, round(budget_s / GPU_ROUND_S)))
+
 
 # Trusted children, and baseline children, kept alive per worker (one per case each, least
 # recently used closed first).
@@ -156,8 +177,6 @@ def derive_seed(session_seed: int, *parts: Any) -> int:
 
 
 class LocalExecutor:
-    timing_rounds = TIMING_ROUNDS
-
     def __init__(self, settings: Settings, lease_factory: LeaseFactory, device_kind: str, sandbox: Any = None,
                  cpu_threads: int | None = None) -> None:
         self.settings = settings
@@ -710,7 +729,7 @@ class LocalExecutor:
             pair.candidate.append(stats_)
             pair.verify.append(payload["verify"])
 
-        for r in range(self.timing_rounds):
+        for r in range(self._timing_rounds(ref)):
             first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
             first(r)
             second(r)
@@ -760,11 +779,18 @@ class LocalExecutor:
     def _time_fields(self, spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str, Any]:
         """One round's ``time`` command, the same for both sides, locally and remotely: the
         timing budget per callable (--kcoral-timing-budget, or the device's default) split over
-        ``timing_rounds``, and the timed outputs each round keeps for the check."""
-        budget = self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
-        rounds = self.timing_rounds
+        ``_timing_rounds``, and the timed outputs each round keeps for the check."""
+        budget = self._timing_budget_s()
+        rounds = self._timing_rounds(ref)
         return dict(shape=spec.shape.params, device=device, n_sets=TIMING_INPUT_SETS, budget_s=budget / rounds, timer=self.settings.timer,
                     verify=max(1, VERIFIED_TIMED_CALLS // rounds), written_inputs=list(ref.written_inputs))
+
+    def _timing_budget_s(self) -> float:
+        """Seconds of timed samples per callable: --kcoral-timing-budget, or the device's default."""
+        return self.settings.timing_budget_s or (0.2 if self.device_kind == "cpu" else 1.0)
+
+    def _timing_rounds(self, ref: ReferenceData) -> int:
+        return timing_rounds(self.device_kind, _tensor_bytes(ref.inputs[0]) + _result_bytes(ref), self._timing_budget_s())
 
     def _cost(self, spec: ItemSpec, trusted: Callable[[], Child], device: str) -> tuple[dict | None, dict | None]:
         """The physical floor (a bandwidth measurement, under the lease) and the case's cost at
@@ -850,13 +876,18 @@ def _reply_limit(ref: ReferenceData, results: int) -> int:
     """The most tensor bytes a candidate's reply carrying ``results`` results (outputs and in-place
     results, each the size of the reference's) may hold: four times that, and 64 MiB over, so a
     wrong dtype or shape still reads as such; more is a child flooding this process's memory."""
+    return 4 * results * _result_bytes(ref) + (64 << 20)
+
+
+def _result_bytes(ref: ReferenceData) -> int:
+    """Tensor bytes of one result: the reference's outputs and in-place results for one input."""
+    return _tensor_bytes(ref.reference[0]) + (_tensor_bytes(ref.written[0]) if ref.written else 0)
+
+
+def _tensor_bytes(values: Any) -> int:
     import torch
 
-    def nbytes(values: Any) -> int:
-        return sum(v.numel() * v.element_size() for v in values or () if isinstance(v, torch.Tensor))
-
-    per_result = nbytes(ref.reference[0]) + (nbytes(ref.written[0]) if ref.written else 0)
-    return 4 * results * per_result + (64 << 20)
+    return sum(v.numel() * v.element_size() for v in values or () if isinstance(v, torch.Tensor))
 
 
 def correctness_run(spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str, Any]:

@@ -89,10 +89,6 @@ def _case_files(case: Case) -> dict[str, bytes]:
 
 
 class RemoteExecutor(LocalExecutor):
-    # a candidate program's commands are fixed before it is sent, and every trusted call is a program
-    # of its own: one timing round per side
-    timing_rounds = 1
-
     def __init__(self, settings: Settings, url: str) -> None:
         from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE
 
@@ -168,6 +164,11 @@ class RemoteExecutor(LocalExecutor):
                 # candidate's program is built without one, so neither side is pinned
                 self._time(spec, candidate, baseline, trusted, ref, device, None, tol, result)
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
+
+    def _timing_rounds(self, ref: Any) -> int:
+        """One timing round per side: a candidate program's commands are fixed before it is sent,
+        and every trusted call is a program of its own."""
+        return 1
 
     def _process_pairs_for(self, pairs: list[Any]) -> int:
         """One pair of programs, whatever ``--kcoral-process-pairs`` says: the server starts a

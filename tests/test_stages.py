@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kernels import triton_add
 
-from pytest_kcoral.pipeline import TIMING_ROUNDS
+from pytest_kcoral.pipeline import GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, TIMING_ROUNDS, timing_rounds
 from pytest_kcoral.results import CASE_FAILED_PREFIX
 
 GOOD = "def run(a, b):\n    return a + b\n"
@@ -494,6 +494,21 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     assert runs[-5:] == ["B", "C", "B", "C", "B"], runs
 
 
+def test_gpu_items_with_little_data_take_shorter_rounds():
+    """On a GPU the host's speed, which sets a launch-bound chain's time, changes within tens of
+    milliseconds: shorter rounds taken in turns see it alike (docs/performance.md, session 15).
+    Every round takes at least five samples, each refreshing its inputs, so items with large inputs
+    and results keep the usual rounds, as does a CPU's wall clock."""
+    assert timing_rounds("cuda", 4096, 1.0) == GPU_MAX_ROUNDS == 32
+    assert timing_rounds("cuda", GPU_SHORT_ROUNDS_MAX_BYTES, 1.0) == 32
+    assert timing_rounds("cuda", GPU_SHORT_ROUNDS_MAX_BYTES + 1, 1.0) == TIMING_ROUNDS
+    assert timing_rounds("cpu", 4096, 1.0) == TIMING_ROUNDS
+    # rounds of about 30 ms: a smaller budget, fewer rounds, never fewer than the usual ones
+    assert timing_rounds("cuda", 4096, 0.5) == 16
+    assert timing_rounds("cuda", 4096, 0.1) == TIMING_ROUNDS
+    assert timing_rounds("cuda", 4096, 5.0) == GPU_MAX_ROUNDS
+
+
 def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_way(make_case, run_kcoral, pytester):
     """Timed in the trusted child, a 32x256 layer norm read 5% slower than the same code timed in
     a fresh child that had gone the candidate's way, on every run and host (H200,
@@ -522,7 +537,7 @@ def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_wa
 def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pairs_way(make_case, run_kcoral, pytester):
     """A launch-bound chain runs at the speed of its process, and one process can sit 1.5x slower
     than another for seconds (docs/performance.md, session 12): ``--kcoral-process-pairs N`` times
-    an item in N pairs of processes (auto: host-set items on a GPU, until two agree). Each new
+    an item in N pairs of processes (auto: three for host-set items on a GPU, one otherwise). Each new
     candidate child loads the candidate and gets the correctness run, each new baseline child the
     same run, and the pairs take turns within themselves."""
     log = pytester.path / "calls.log"

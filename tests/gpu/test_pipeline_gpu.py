@@ -13,6 +13,8 @@ import pytest
 from grading import grade_in_subprocess
 from kernels import add_case, triton_add
 
+from pytest_kcoral.pipeline import TIMING_ROUNDS, timing_rounds
+
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -82,7 +84,8 @@ def reference(a, b):
 
 def test_a_host_set_item_is_timed_in_more_pairs_of_processes(tmp_path):
     """Under --kcoral-process-pairs auto, an item the host's speed sets (GPU idle between
-    launches) is timed again in fresh pairs of processes; a GPU-bound one in one pair."""
+    launches) is timed again in fresh pairs of processes; a GPU-bound one in one pair. Items with
+    little data are timed in shorter rounds (``pipeline.timing_rounds``)."""
     chain = "def run(a, b):\n    x = a\n    for _ in range(8):\n        x = x + b\n    return x\n"
     proc, doc = grade_in_subprocess(tmp_path, CHAIN_CASE, {"chain": chain}, "--kcoral-timing-budget", "0.3")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -93,6 +96,10 @@ def test_a_host_set_item_is_timed_in_more_pairs_of_processes(tmp_path):
     assert small["host_set"] and small["candidate_timing"]["processes"] == 3
     assert small["baseline_timing"]["processes"] == small["candidate_timing"]["processes"]
     assert not large["host_set"] and large["candidate_timing"]["processes"] == 1
+    # 3 KiB of inputs and result take the GPU's short rounds (10 of 30 ms at this budget), 192 MiB the usual ones
+    for side in ("baseline_timing", "candidate_timing"):
+        assert small[side]["rounds"] == 3 * timing_rounds("cuda", 3072, 0.3) == 3 * 10, small[side]["rounds"]
+        assert large[side]["rounds"] == TIMING_ROUNDS
     assert 0.8 < small["speedup"] < 1.25 and 0.95 < large["speedup"] < 1.05
 
 
