@@ -185,6 +185,8 @@ class SuiteScore:
     pass_at_k: dict[str, float] | None  # "1", "2", ... -> mean over (team, case); None: one attempt
     pass_at_k_by_team_case: list[dict[str, Any]]
     bench_lite_total: float  # weighted, summed over every pair
+    # "1", "2", ... -> how many (team, case) groups made k attempts or more: the groups each mean covers
+    pass_at_k_groups: dict[str, int] | None = None
     # some item was timed: False in --kcoral-mode correctness, where speed is not measured at all
     timed: bool = True
 
@@ -391,18 +393,20 @@ def unseen_quadrants(items: Iterable[ItemResult]) -> Quadrants:
     return q
 
 
-def pass_at_k_table(candidates: Sequence[CandidateScore]) -> tuple[dict[str, float] | None, list[dict[str, Any]]]:
-    """pass@k per (team, case) and averaged, for k = 1 .. the most attempts any team made.
+def pass_at_k_table(candidates: Sequence[CandidateScore]) -> tuple[dict[str, float] | None, list[dict[str, Any]], dict[str, int] | None]:
+    """pass@k averaged, per (team, case), and how many groups each average covers, for k = 1 ..
+    the most attempts any team made.
 
     Only submissions (team not None) count; None when no team made several attempts of a case.
-    The average for k covers the (team, case) groups with at least k attempts.
+    The average for k covers the (team, case) groups with at least k attempts, so with groups of
+    unequal attempts it can fall as k grows: the counts say over how many groups.
     """
     groups: dict[tuple[str, str], list[CandidateScore]] = defaultdict(list)
     for c in candidates:
         if c.team is not None:
             groups[(c.team, c.case)].append(c)
     if not groups or max(len(g) for g in groups.values()) < 2:
-        return None, []
+        return None, [], None
     max_n = max(len(g) for g in groups.values())
     rows = []
     per_k: dict[int, list[float]] = defaultdict(list)
@@ -417,7 +421,7 @@ def pass_at_k_table(candidates: Sequence[CandidateScore]) -> tuple[dict[str, flo
                 per_k[k].append(p)
         rows.append({"team": team, "case": case, "n": n, "c": c, "pass_at_k": values})
     averaged = {str(k): sum(v) / len(v) for k, v in sorted(per_k.items())}
-    return averaged, rows
+    return averaged, rows, {str(k): len(v) for k, v in sorted(per_k.items())}
 
 
 def score_suite(candidates: Sequence[CandidateScore], items: Iterable[ItemResult]) -> SuiteScore:
@@ -434,7 +438,7 @@ def score_suite(candidates: Sequence[CandidateScore], items: Iterable[ItemResult
         f"{p:g}": (sum(1 for s in speedups if s > p) / n if n and (timed or not correct) else None) for p in FAST_P_THRESHOLDS
     }
     quadrants = unseen_quadrants(items)
-    averaged, rows = pass_at_k_table(candidates)
+    averaged, rows, groups = pass_at_k_table(candidates)
     return SuiteScore(
         pairs=n,
         compile_rate=sum(1 for c in candidates if c.compiled) / n if n else None,
@@ -447,6 +451,7 @@ def score_suite(candidates: Sequence[CandidateScore], items: Iterable[ItemResult
         quadrants=quadrants,
         pass_at_k=averaged,
         pass_at_k_by_team_case=rows,
+        pass_at_k_groups=groups,
         bench_lite_total=sum(c.bench_lite_weighted for c in candidates),
         timed=timed,
     )

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from pytest_kcoral import scoring
+from pytest_kcoral.report import fmt_pass_at_k
 from pytest_kcoral.results import ItemResult
 
 
@@ -330,6 +331,9 @@ def test_pass_at_k_over_attempts():
     assert rows[("team-b", "cases/a")]["pass_at_k"] == pytest.approx({"1": 0.0})
     # k=1 averages three groups, k=2 two, k=3 and 4 one
     assert suite.pass_at_k == pytest.approx({"1": (0.25 + 1 + 0) / 3, "2": 0.75, "3": 0.75, "4": 1.0})
+    assert suite.pass_at_k_groups == {"1": 3, "2": 2, "3": 1, "4": 1}
+    # where a mean covers fewer groups than pass@1's, the summary says how many
+    assert fmt_pass_at_k(suite) == ["@1 0.42", "@2 0.75 (2 of 3 groups)", "@3 0.75 (1 of 3 groups)", "@4 1.00 (1 of 3 groups)"]
 
 
 def test_leaderboard_ranks_teams_by_best_attempt():

@@ -86,6 +86,15 @@ def fmt_methods(methods: dict[str, int]) -> str:
     return ", ".join(f"{method} {n}" for method, n in methods.items())
 
 
+def fmt_pass_at_k(s: SuiteScore) -> list[str]:
+    """``@k p`` per k; where fewer (team, case) groups made k attempts than made one, how many:
+    ``@4 1.00 (1 of 3 groups)``, so a mean over fewer groups does not read as pass@k falling."""
+    groups = s.pass_at_k_groups or {}
+    everyone = groups.get("1")
+    return [f"@{k} {v:.2f}" + (f" ({groups[k]} of {everyone} groups)" if everyone and groups.get(k, everyone) < everyone else "")
+            for k, v in (s.pass_at_k or {}).items()]
+
+
 def fmt_pct(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value * 100:.{digits}f}%"
 

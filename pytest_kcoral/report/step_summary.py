@@ -16,6 +16,7 @@ from pytest_kcoral.report import (
     fmt_mean_speedup,
     fmt_methods,
     fmt_of_peak,
+    fmt_pass_at_k,
     fmt_pct,
     fmt_rates,
     fmt_score,
@@ -94,7 +95,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         f" improved {q.candidate_improved}{q.note()})",
     ]
     if s.pass_at_k:
-        out.append("- pass@k: " + ", ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
+        out.append("- pass@k: " + ", ".join(fmt_pass_at_k(s)))
     out.append(f"- bench-lite total (tier-weighted) {fmt_speed_score(s.bench_lite_total, s.timed)}")
     note = no_seen_note(scores.candidates)
     if note:

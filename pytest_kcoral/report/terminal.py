@@ -18,6 +18,7 @@ from pytest_kcoral.report import (
     fmt_bool,
     fmt_mean_speedup,
     fmt_methods,
+    fmt_pass_at_k,
     fmt_pct,
     fmt_score,
     fmt_shapes,
@@ -84,7 +85,7 @@ def suite_lines(scores: Scores) -> list[str]:
         f" both fail {q.both_fail}, improved {q.candidate_improved}{q.note()}",
     ]
     if s.pass_at_k:
-        lines.append("pass@k " + "  ".join(f"@{k} {v:.2f}" for k, v in s.pass_at_k.items()))
+        lines.append("pass@k " + "  ".join(fmt_pass_at_k(s)))
     lines.append(f"bench-lite total (tier-weighted) {fmt_speed_score(s.bench_lite_total, s.timed)}")
     note = no_seen_note(scores.candidates)
     if note:
