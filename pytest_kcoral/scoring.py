@@ -238,7 +238,10 @@ class FailedCase:
 
     case: str
     shapes: list[str]  # "seen n=8", "unseen n=9"
-    reason: str  # the first failure's first line
+    reason: str  # the first shape's failure's first line (seen shapes first)
+    # a case can fail one way on some shapes and another way on others: each other reason, with
+    # the shapes it was the reason on, [{"reason", "shapes"}]
+    other_reasons: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -505,16 +508,24 @@ def weak_cases(items: Iterable[ItemResult]) -> list[WeakCase]:
 
 
 def failed_cases(items: Iterable[ItemResult]) -> list[FailedCase]:
-    """Cases that failed by themselves (``ItemResult.case_failed``), with their shapes and the
-    first reason, the prefix that says whose failure it is left out."""
+    """Cases that failed by themselves (``ItemResult.case_failed``), with their shapes and each
+    shape's reason (its first item's), the prefix that says whose failure it is left out. Shapes
+    that failed for the same reason are named together."""
     by_case: dict[str, list[ItemResult]] = defaultdict(list)
     for it in graded(items):
         if it.case_failed:
             by_case[it.case].append(it)
     out = []
     for case, its in sorted(by_case.items()):
-        reason = (its[0].message or "").split("\n", 1)[0].removeprefix(CASE_FAILED_PREFIX)
-        out.append(FailedCase(case, _split_shapes(its), reason))
+        first_per_shape: dict[tuple[bool, str], ItemResult] = {}
+        for it in its:
+            first_per_shape.setdefault((it.split != "seen", it.shape_id), it)
+        by_reason: dict[str, list[ItemResult]] = defaultdict(list)
+        for key in sorted(first_per_shape):
+            it = first_per_shape[key]
+            by_reason[(it.message or "").split("\n", 1)[0].removeprefix(CASE_FAILED_PREFIX)].append(it)
+        (reason, _), *others = by_reason.items()
+        out.append(FailedCase(case, _split_shapes(its), reason, [{"reason": r, "shapes": _split_shapes(s)} for r, s in others]))
     return out
 
 

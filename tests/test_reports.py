@@ -652,6 +652,23 @@ def test_cases_that_failed_by_themselves_are_named_in_every_report():
     assert not scoring.score(fixed_items()).failed_cases
 
 
+def test_a_case_that_failed_two_ways_names_each_reason_with_its_shapes():
+    def broken(split, shape, why):
+        it = item(case="cases/c", candidate="x", split=split, shape_id=shape, correct=False)
+        it.case_failed, it.message = True, f"the case itself failed (not the candidate): {why}\nmore"
+        return it
+
+    scores = scoring.score([broken("unseen", "n=9", "MemoryError: too big"), broken("seen", "n=8", "ValueError: bad shape"),
+                            broken("unseen", "n=10", "MemoryError: too big")])
+    (failed,) = scores.failed_cases
+    assert failed.shapes == ["seen n=8", "unseen n=10", "unseen n=9"] and failed.reason == "ValueError: bad shape"
+    assert failed.other_reasons == [{"reason": "MemoryError: too big", "shapes": ["unseen n=10", "unseen n=9"]}]
+    LineMatcher(terminal.summary_lines(scores)).fnmatch_lines([
+        "CASE FAILED cases/c on seen n=8, unseen n=10, unseen n=9, every candidate failing there: ValueError: bad shape",
+        "  on unseen n=10, unseen n=9: MemoryError: too big"])
+    assert "  - on unseen n=10, unseen n=9: MemoryError: too big" in step_summary.render_markdown(scores)
+
+
 def test_a_wrong_baseline_is_named_in_every_report():
     # speedups against a baseline that disagrees with the reference read as fine in the summary
     wrong = [item(case="cases/w", candidate=name, split=split, shape_id=shape, speedup=2.0, baseline_correct=False)

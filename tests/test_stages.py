@@ -220,7 +220,7 @@ def reference(x):
     (bad,) = [i for i in doc["items"] if i["case"] == "cases/bad_ref"]
     assert bad["case_failed"] is True and bad["outcome"] == "failed"  # failed still: never credited
     assert not any(i["case_failed"] for i in doc["items"] if i["case"] == "cases/add")
-    assert doc["failed_cases"] == [{"case": "cases/bad_ref", "shapes": ["seen n=64"], "reason": "ValueError: reference bug"}]
+    assert doc["failed_cases"] == [{"case": "cases/bad_ref", "shapes": ["seen n=64"], "reason": "ValueError: reference bug", "other_reasons": []}]
     assert {c["case"]: c["case_failed_shapes"] for c in doc["cases"]} == {"cases/add": [], "cases/bad_ref": ["n=64"]}
 
 

@@ -106,6 +106,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     for f in scores.failed_cases:
         out.append(f"- **case failed** `{f.case}` on {', '.join(f.shapes)}, every candidate failing there:"
                    f" {_cell(f.reason)}")
+        out += [f"  - on {', '.join(o['shapes'])}: {_cell(o['reason'])}" for o in f.other_reasons]
     for b in scores.wrong_baselines:
         out.append(f"- **wrong baseline** `{b.case}` on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     if scores.timers.methods:

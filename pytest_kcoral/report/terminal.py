@@ -102,6 +102,7 @@ def suite_lines(scores: Scores) -> list[str]:
                      f"{', '.join(w.shapes)}")
     for f in scores.failed_cases:
         lines.append(f"CASE FAILED {f.case} on {', '.join(f.shapes)}, every candidate failing there: {f.reason}")
+        lines += [f"  on {', '.join(o['shapes'])}: {o['reason']}" for o in f.other_reasons]
     for b in scores.wrong_baselines:
         lines.append(f"WRONG BASELINE {b.case} on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     lines += timer_lines(scores.timers)
