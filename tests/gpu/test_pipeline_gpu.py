@@ -13,6 +13,7 @@ import pytest
 from grading import grade_in_subprocess
 from kernels import add_case, triton_add
 
+from pytest_kcoral.options import AUTO_PROCESS_PAIRS
 from pytest_kcoral.pipeline import TIMING_ROUNDS, timing_rounds
 
 torch = pytest.importorskip("torch")
@@ -93,12 +94,12 @@ def test_a_host_set_item_is_timed_in_more_pairs_of_processes(tmp_path):
     small, large = items["n=256"], items[f"n={1 << 24}"]
     print(json.dumps({k: (i["speedup"], i["baseline_timing"]["process_medians_us"], i["candidate_timing"]["process_medians_us"])
                       for k, i in items.items()}))
-    assert small["host_set"] and small["candidate_timing"]["processes"] == 3
+    assert small["host_set"] and small["candidate_timing"]["processes"] == AUTO_PROCESS_PAIRS
     assert small["baseline_timing"]["processes"] == small["candidate_timing"]["processes"]
     assert not large["host_set"] and large["candidate_timing"]["processes"] == 1
     # 3 KiB of inputs and result take the GPU's short rounds (10 of 30 ms at this budget), 192 MiB the usual ones
     for side in ("baseline_timing", "candidate_timing"):
-        assert small[side]["rounds"] == 3 * timing_rounds("cuda", 3072, 0.3) == 3 * 10, small[side]["rounds"]
+        assert small[side]["rounds"] == AUTO_PROCESS_PAIRS * timing_rounds("cuda", 3072, 0.3) == AUTO_PROCESS_PAIRS * 10, small[side]["rounds"]
         assert large[side]["rounds"] == TIMING_ROUNDS
     assert 0.8 < small["speedup"] < 1.25 and 0.95 < large["speedup"] < 1.05
 
