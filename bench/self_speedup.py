@@ -112,6 +112,20 @@ def main() -> None:
     if timed_again:
         pairs = sorted(i["candidate_timing"]["processes"] for i in timed_again)
         print(f"\ntimed in more than one pair of processes: {len(timed_again)} items, pairs {pairs}")
+        _print_pair_lean(timed_again)
+
+
+def _print_pair_lean(items: list[dict]) -> None:
+    """Each pair of processes' own speedup (its baseline median over its candidate median), pooled
+    over the items: for identical code the pairs should scatter around 1 both ways. In session 16
+    the candidate's side read slower in most large misses (docs/performance.md)."""
+    ratios = [[b / c for b, c in zip(i["baseline_timing"]["process_medians_us"], i["candidate_timing"]["process_medians_us"])]
+              for i in items]
+    flat = [r for item in ratios for r in item]
+    by_position = [statistics.mean(item[k] for item in ratios if len(item) > k) for k in range(max(map(len, ratios)))]
+    print(f"pairs' own speedups: {len(flat)} pairs, median {statistics.median(flat):.4f}, "
+          f"{sum(r < 0.97 for r in flat)} below 0.97, {sum(r > 1.03 for r in flat)} above 1.03; "
+          f"mean by place in time: {' '.join(f'{m:.4f}' for m in by_position)}")
 
 
 def _processes(side: dict) -> str:
