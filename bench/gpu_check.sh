@@ -2,10 +2,12 @@
 # The GPU checks a session owes after GPU-facing changes, each bounded in time. One device call
 # allows 10 minutes, so pick the parts that fit (in parentheses: their time on an H200 in session 2):
 #   bash bench/gpu_check.sh "$OUT" tests self      (carry .whl: cupti-python and pyelftools wheels)
-# Parts: tests (GPU tests and GPU attacks, ~7.5 min: 4.6 and 2.9 min in session 15), noise (process noise, ~1.5 min), self
-# (self-speedup of every bundled case, ~4 min with five pairs of processes for host-set items), events (the events' own cost, ~10 s), scaling (the
-# seen shapes of every bundled case with 1, 1 again, 2 and 4 workers; two GPUs; ~9 min: a call of
-# its own), drift (the short-kernel cases with 1 and 2 workers at the default budget, ~2 min).
+# Parts: tests (GPU tests and GPU attacks, ~6 min: 3.6 and 2.4 min in session 16), noise (process
+# noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
+# for host-set items; five since session 16, not yet timed at this budget), events (the events' own
+# cost, ~10 s), scaling (the seen shapes of every bundled case with 1, 1 again, 2 and 4 workers;
+# two GPUs; ~9 min: a call of its own), drift (the short-kernel cases with 1 and 2 workers at the
+# default budget, ~2 min).
 # pytest gets SIGINT at its time limit, so it still prints which tests failed and why.
 # No part named: tests, noise and self. Logs and JSON artifacts land in the given folder.
 set -uo pipefail
