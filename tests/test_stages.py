@@ -537,7 +537,7 @@ def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_wa
 def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pairs_way(make_case, run_kcoral, pytester):
     """A launch-bound chain runs at the speed of its process, and one process can sit 1.5x slower
     than another for seconds (docs/performance.md, session 12): ``--kcoral-process-pairs N`` times
-    an item in N pairs of processes (auto: three for host-set items on a GPU, one otherwise). Each new
+    an item in N pairs of processes (auto: five for host-set items on a GPU, one otherwise). Each new
     candidate child loads the candidate and gets the correctness run, each new baseline child the
     same run, and the pairs take turns within themselves."""
     log = pytester.path / "calls.log"
