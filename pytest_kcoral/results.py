@@ -85,7 +85,9 @@ class ItemResult:
 
     t_baseline_us: float | None = None
     t_candidate_us: float | None = None
-    speedup: float | None = None  # t_baseline / t_candidate, only between like timing methods
+    # t_baseline / t_candidate, read pair by pair of rounds taken in turns (``combine.item_speedup``),
+    # only between like timing methods
+    speedup: float | None = None
     timer: str | None = None  # method of the candidate's timing
     baseline_timing: dict[str, Any] | None = None  # TimingStats.to_dict()
     candidate_timing: dict[str, Any] | None = None

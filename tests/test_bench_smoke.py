@@ -46,6 +46,21 @@ def test_self_speedup_bench_grades_the_baseline_against_itself(tmp_path):
     assert "| baseline < 20 us |" in out
 
 
+def test_the_aa_instrument_times_the_candidates_side_with_the_baseline(tmp_path):
+    """``self_speedup.py --aa`` (``bench/aa_plugin.py``): the candidate's child loads the case's
+    baseline, never the candidate file, so a candidate that cannot even be imported passes."""
+    subs = tmp_path / "subs" / "broken"
+    subs.mkdir(parents=True)
+    (subs / "vector_add.py").write_text("raise SystemExit('imported under A/A')\n")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "-q", "cases/vector_add", "-m", "seen",
+               "-k", "broken", "--kcoral-submissions", str(tmp_path / "subs"), "--kcoral-timing-budget", "0.02"]
+    with_plugin = subprocess.run([*command, "-p", "aa_plugin"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert with_plugin.returncode == 0 and re.search(r"^2 passed", with_plugin.stdout, re.M), with_plugin.stdout[-2000:]
+    without = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert without.returncode == 1 and "kcoral compile failed in phase 'import'" in without.stdout, without.stdout[-2000:]
+
+
 def test_startup_bench_breaks_down_a_session_on_the_cpu():
     out = _bench("startup.py", "--repeats", "1")
     assert re.search(r"^\| fresh interpreter: import torch \| [\d.]+ \|$", out, re.M), out

@@ -6,6 +6,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from kernels import triton_add
 
 from pytest_kcoral.pipeline import GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, TIMING_ROUNDS, timing_rounds
@@ -143,16 +144,24 @@ def test_an_autotuned_triton_kernel_on_a_cpu_says_why_it_cannot_run(make_case, r
 
 def test_triton_candidate_passes_all_stages_with_timing_properties(make_case, run_kcoral, pytester):
     make_case("cases/add", candidates={"tri": TRITON_ADD, "torch": GOOD})
-    result = run_kcoral("--junitxml", "junit.xml")
+    result = run_kcoral("--junitxml", "junit.xml", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=4)
     props = _junit_properties(pytester.path / "junit.xml")
     assert len(props) == 4
-    for item in props.values():
+    items = {i["nodeid"].rsplit("::", 1)[1]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
+    for name, item in props.items():
         assert item["kcoral_stage"] == "done"
         assert item["kcoral_timer"] == "wall"
         t_base, t_cand = float(item["kcoral_t_baseline_us"]), float(item["kcoral_t_candidate_us"])
         assert t_base > 0 and t_cand > 0
-        assert abs(float(item["kcoral_speedup"]) - t_base / t_cand) <= 1e-3 * t_base / t_cand + 1e-4
+        # the speedup is read pair by pair of rounds taken in turns: the median of the rounds' ratios
+        timed = items[name]
+        ratios = sorted(b / c for b, c in zip(timed["baseline_timing"]["round_medians_us"], timed["candidate_timing"]["round_medians_us"]))
+        middle = len(ratios) // 2
+        paired = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] * ratios[middle]) ** 0.5
+        assert timed["speedup"] == pytest.approx(paired, rel=1e-9)
+        assert float(item["kcoral_speedup"]) == pytest.approx(paired, rel=1e-5)  # JUnit keeps six digits
+        assert (t_base, t_cand) == pytest.approx((timed["t_baseline_us"], timed["t_candidate_us"]), rel=1e-5)
         assert item["kcoral_device"] == "cpu"
         assert item["kcoral_host_set"] == "False"  # the wall clock on a CPU times the work itself
 

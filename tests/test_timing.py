@@ -354,6 +354,50 @@ def test_one_fast_round_does_not_set_a_speedup():
     assert speedup == pytest.approx(1.0, abs=0.02)
 
 
+def test_the_speedup_is_read_pair_by_pair_of_rounds_taken_in_turns():
+    """The host's speed moves both sides from one round to the next (on an H200 a launch-bound
+    chain by 7-20%, session 16); each pair of rounds, taken about 30 ms apart, sees one speed.
+    Identical code here reads the same as its partner round in every pair, while the levels drift
+    from 40 to 60 us and the sides took different numbers of samples in their rounds (a round is
+    bounded by time): the pooled figures disagree by over 10%, the paired speedup reads 1."""
+    levels = [40.0, 60.0, 42.0, 58.0, 41.0, 59.0, 43.0, 57.0]
+    base = [_round([m] * (6 if m < 50 else 2), "cupti") for m in levels]
+    cand = [_round([m] * (2 if m < 50 else 6), "cupti") for m in levels]
+    pooled = timing.combine_rounds(base).median_us / timing.combine_rounds(cand).median_us
+    assert not 0.9 < pooled < 1.1
+    assert combine.paired_speedup(base, cand) == pytest.approx(1.0)
+    # a true 1.25x shows as 1.25 under the same drift
+    assert combine.paired_speedup(base, [_round([m / 1.25] * 3, "cupti") for m in levels]) == pytest.approx(1.25)
+
+
+def test_the_paired_speedup_takes_the_middle_of_an_even_count_not_the_lower_one():
+    """The lower middle of 32 ratios read identical code a few tenths of a percent slow every
+    time (H200, session 17): the middle two meet in their geometric mean."""
+    base, cand = _rounds([90.0, 100.0, 110.0, 120.0]), _rounds([100.0] * 4)
+    assert combine.paired_speedup(base, cand) == pytest.approx((1.0 * 1.1) ** 0.5)
+    assert combine.paired_speedup(base[:3], cand[:3]) == pytest.approx(1.0)
+    # a round without samples on either side is no pair; no pair at all is an error
+    empty = TimingStats(method="cupti", median_us=0.0, n=0, samples_us=[])
+    assert combine.paired_speedup([*base[:3], empty], cand) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no pair of timing rounds has samples on both sides"):
+        combine.paired_speedup([empty] * 4, cand)
+
+
+def test_the_items_speedup_is_the_median_pairs_less_what_the_candidate_was_charged():
+    """``item_speedup``: the median pair of processes' paired speedup, scaled as the charge for
+    work outside the windows scaled the candidate's figure; the charged figures' ratio when the
+    candidate read 0 us in its windows; None between timing methods."""
+    pairs = [_pair([50.0] * 8, [40.0] * 8), _pair([40.0] * 8, [40.0] * 8), _pair([40.0] * 8, [50.0] * 8)]
+    base, cand = combine.combine_processes(pairs, "baseline"), combine.combine_processes(pairs, "candidate")
+    assert combine.item_speedup(pairs, base, cand) == pytest.approx(1.0)
+    cand.median_us += 10.0  # what ``charge_outside_work`` does
+    assert combine.item_speedup(pairs, base, cand, charged_us=10.0) == pytest.approx(0.8)
+    idle = [combine.ProcessPair(_rounds([40.0] * 8), [TimingStats(method="cupti", median_us=0.0, n=1, samples_us=[0.0]) for _ in range(8)])]
+    charged = TimingStats(method="cupti", median_us=20.0, n=8)  # 0 us, charged 20 us
+    assert combine.item_speedup(idle, base, charged, charged_us=20.0) == pytest.approx(2.0)
+    assert combine.item_speedup(pairs, base, TimingStats(method="events", median_us=40.0, n=8)) is None
+
+
 def _pair(base_medians, cand_medians):
     return combine.ProcessPair(_rounds(base_medians), _rounds(cand_medians), [[{"round": r}] for r in range(len(cand_medians))])
 

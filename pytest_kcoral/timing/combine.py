@@ -3,8 +3,9 @@ time, and what a candidate is charged for work it moved outside its timing windo
 
 An item's two callables (baseline and candidate) are timed in turns, in rounds, each side in a
 process of its own (``LocalExecutor._time``): ``undisturbed_pairs`` says which pairs of rounds the
-host left alone, ``combine_rounds`` makes one side's figures from them, and ``charge_outside_work``
-compares the time both sides spent between their windows. An item the host's speed sets
+host left alone, ``combine_rounds`` makes one side's figures from them, ``paired_speedup`` reads
+the speedup from the rounds taken in turns, and ``charge_outside_work`` compares the time both
+sides spent between their windows. An item the host's speed sets
 (``host_set_side``) is timed again in fresh pairs of processes, since a launch-bound chain runs at
 the speed of the process it runs in, and ``combine_processes`` takes the median pair's figures.
 """
@@ -17,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from pytest_kcoral.results import TimingStats
+from pytest_kcoral.results import TimingStats, speedup_between
 from pytest_kcoral.timing import stats
 from pytest_kcoral.timing.stats import RSE_TARGET
 
@@ -203,16 +204,63 @@ class ProcessPair:
         return self._stats[side]
 
 
+def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Sequence[TimingStats]) -> float:
+    """The speedup read from rounds taken in turns: the median, over the pairs of rounds (one a
+    side, adjacent in time, both with samples), of the baseline round's median over the candidate
+    round's; for an even count the geometric mean of the middle two. A candidate round that read
+    0 us (no GPU work in its windows) is infinitely fast, until ``charge_outside_work`` charges
+    it. Raises ``ValueError`` when no pair of rounds has samples on both sides.
+
+    Each ratio compares two rounds taken about 30 ms apart, so the host's speed, which moves a
+    launch-bound chain by 7-20% from one round to the next, cancels in it; the ratio of the two
+    sides' figures (the samples of every kept round pooled per side) leaves that drift in. On an
+    H200 the pooled ratio read identical code with pairs of processes spread 1.6-2.0%, and 0.4-0.8%
+    slow on the candidate's side; this median, over the same rounds, 1.3% and 0.2-0.4%
+    (docs/performance.md, session 17). The middle of an even count is not the lower one: the
+    lower middle of 32 ratios reads a few tenths of a percent low every time."""
+    ratios: list[float] = []
+    for b, c in zip(baseline_rounds, candidate_rounds):
+        if not (b.samples_us and c.samples_us) or (b.median_us <= 0 and c.median_us <= 0):
+            continue
+        ratios.append(math.inf if c.median_us <= 0 else b.median_us / c.median_us)
+    if not ratios:
+        raise ValueError("no pair of timing rounds has samples on both sides")
+    ratios.sort()
+    middle = len(ratios) // 2
+    if len(ratios) % 2:
+        return ratios[middle]
+    low, high = ratios[middle - 1], ratios[middle]
+    return math.sqrt(low * high) if low > 0 and math.isfinite(high) else (low if low == 0 else high)
+
+
 def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
-    """Each pair's speedup: the baseline's median over the candidate's, both over the rounds the
-    pair's ``undisturbed_pairs`` kept (raises ``ValueError`` as ``combine_rounds`` does). A
-    candidate that ran no GPU work in its windows reads 0 us: infinitely fast, until
-    ``charge_outside_work`` charges it."""
+    """Each pair's ``paired_speedup``. Both sides' figures are combined first, so that a side
+    without samples raises ``ValueError`` naming it, as ``combine_rounds`` does."""
     def speedup(p: ProcessPair) -> float:
-        base, cand = (p.side_stats(side).median_us for side in SIDES)
-        return base / cand if cand > 0 else math.inf
+        for side in SIDES:
+            p.side_stats(side)
+        return paired_speedup(p.baseline, p.candidate)
 
     return [speedup(p) for p in pairs]
+
+
+def item_speedup(pairs: Sequence[ProcessPair], baseline: TimingStats, candidate: TimingStats, charged_us: float = 0.0) -> float | None:
+    """The item's speedup: the median pair's ``paired_speedup`` (``median_pair``), scaled down as
+    ``charge_outside_work`` scaled the candidate's figures up (``charged_us`` added to
+    ``candidate``'s median); None between unlike timing methods (``speedup_between``). Where the
+    candidate's uncharged figure was 0 us, the ratio of the charged figures.
+
+    It is not quite ``baseline.median_us / candidate.median_us``: those are each side's figures,
+    the samples of its kept rounds pooled, and their ratio keeps the host's drift between rounds
+    that the paired ratios cancel (``paired_speedup``)."""
+    plain = speedup_between(baseline, candidate)
+    if plain is None:
+        return None
+    paired = pair_speedups(pairs)[median_pair(pairs)]
+    uncharged_us = candidate.median_us - charged_us
+    if not math.isfinite(paired) or uncharged_us <= 0:
+        return plain
+    return paired * uncharged_us / candidate.median_us
 
 
 def rounds_in_turns(pairs: Sequence[ProcessPair]) -> list[int]:
