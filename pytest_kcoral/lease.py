@@ -56,13 +56,26 @@ def _user_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", getpass.getuser())
 
 
-def default_lease_dir() -> Path:
-    """``<tempdir>/pytest-kcoral-leases-<uid>``, created 0700 and checked to be ours.
+def host_temp_dir() -> str:
+    """The host's temp dir, not this process's: ``/tmp`` where it is a directory this user can
+    write, whatever ``TMPDIR`` says; otherwise the process's temp dir.
+
+    ``TMPDIR`` differs between sessions on one host (a batch scheduler's per-job directory, a CI
+    runner's, a test's), and two sessions that looked for their leases in different directories
+    would time on one GPU at once."""
+    if os.name == "posix" and os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK):
+        return "/tmp"
+    return tempfile.gettempdir()
+
+
+def default_lease_dir(base: str | None = None) -> Path:
+    """``<host temp dir>/pytest-kcoral-leases-<uid>`` (``host_temp_dir``, or ``base``), created
+    0700 and checked to be ours.
 
     The directory is per user: another user could otherwise plant or hold our lock files. Users
     who share a GPU across accounts pass a shared ``--kcoral-lease-dir`` instead.
     """
-    path = Path(tempfile.gettempdir()) / f"pytest-kcoral-leases-{_user_tag()}"
+    path = Path(base or host_temp_dir()) / f"pytest-kcoral-leases-{_user_tag()}"
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -242,8 +243,22 @@ def test_worker_preferred_index(worker_id: str | None, n_devices: int, expected:
 class TestDefaultLeaseDir:
     @pytest.fixture(autouse=True)
     def private_tempdir(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-        monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+        # the host's temp dir is /tmp: these tests make (and break) theirs in a directory of their own
+        monkeypatch.setattr("pytest_kcoral.lease.host_temp_dir", lambda: str(tmp_path))
         return tmp_path
+
+    @pytest.mark.skipif(os.name != "posix" or not os.access("/tmp", os.W_OK), reason="needs a writable /tmp")
+    def test_is_the_hosts_whatever_tmpdir_says(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Two sessions with different TMPDIRs on one host (a batch scheduler's per-job
+        directories) must find each other's leases."""
+        from pytest_kcoral import lease
+
+        monkeypatch.undo()
+        monkeypatch.setenv("TMPDIR", str(tmp_path))
+        monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+        assert tempfile.gettempdir() == str(tmp_path)
+        assert lease.host_temp_dir() == "/tmp"
+        assert default_lease_dir(str(tmp_path)).parent == tmp_path
 
     def test_created_private_and_reused(self, tmp_path: Path) -> None:
         path = default_lease_dir()
