@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import re
 import secrets
@@ -109,6 +110,7 @@ def ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
             if key is not None:
                 spawn.set_executable(key)
             multiprocessing.forkserver.set_forkserver_preload(TEMPLATE_PRELOAD)
+            _short_socket_dir()
             multiprocessing.forkserver.ensure_running()
         finally:
             spawn.set_executable(saved_exe)
@@ -120,6 +122,28 @@ def ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
         _template_ready = True
         _template_key = key
         _template_pid = None  # learnt from the first child (bwrap may stand between)
+
+
+# The most bytes of a Unix socket's path (``sun_path`` holds 108, with its terminating zero).
+_SOCKET_PATH_MAX = 107
+
+
+def _short_socket_dir() -> None:
+    """The template listens on a Unix socket in multiprocessing's directory for this process, a
+    ``pymp-*`` directory made under the temp dir. A deep ``TMPDIR`` (a CI runner's, a test's
+    ``tmp_path``) made its path too long: every session failed at collection with ``OSError: AF_UNIX
+    path too long``. Then the directory is made under ``/tmp`` instead; multiprocessing removes it
+    at exit as it would the other. Only the pytest process uses the path (the template inherits
+    the listening socket), so a sandbox's fresh ``/tmp`` does not hide it."""
+    longest = os.path.join(tempfile.gettempdir(), "pymp-" + "x" * 8, "listener-" + "x" * 8)
+    if len(os.fsencode(longest)) <= _SOCKET_PATH_MAX or not os.path.isdir("/tmp"):
+        return
+    saved = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()  # made now and kept for this process's life
+    finally:
+        tempfile.tempdir = saved
 
 
 def stop_template() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -284,7 +286,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
-def test_a_stopped_session_leaves_no_candidate_running(pytester, make_case, sig):
+def test_a_stopped_session_leaves_no_candidate_running(pytester, make_case, sig, request):
     """A cancelled CI job sends SIGTERM, and then SIGKILL: neither may leave the template or a
     candidate running, and SIGTERM still writes the artifact, marked partial."""
     import signal
@@ -293,7 +295,11 @@ def test_a_stopped_session_leaves_no_candidate_running(pytester, make_case, sig)
     pid_file = pytester.path / "candidate.pid"
     sleeper = f"import os, time\ndef run(a, b):\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n    return a + b\n"
     make_case("cases/add", candidates={"sleeper": sleeper})
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    # a killed session cannot remove its children's directories: they go in a directory this test
+    # removes, one short enough for the template's socket (``isolation._short_socket_dir``)
+    temp = tempfile.mkdtemp(prefix="kc-")
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=temp)
     session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases",
                                 "-k", "seen and not unseen", "--kcoral-mode", "correctness", "--kcoral-timeout", "300",
                                 "--kcoral-json", "out.json"], cwd=pytester.path, env=env,
@@ -319,6 +325,23 @@ def test_a_stopped_session_leaves_no_candidate_running(pytester, make_case, sig)
     if sig == "SIGTERM":
         assert code == pytest.ExitCode.INTERRUPTED
         assert json.loads((pytester.path / "out.json").read_text())["partial"] is True
+
+
+def test_a_session_grades_under_a_deep_temp_dir(pytester, make_case):
+    """The template's Unix socket lives under the temp dir, and a socket's path holds at most 107
+    bytes: under a CI runner's deep TMPDIR every session failed at collection with ``AF_UNIX path
+    too long``. The children's own directories still go under that TMPDIR."""
+    import subprocess
+
+    make_case("cases/add")
+    deep = pytester.path / ("t" * 60) / ("u" * 60)
+    deep.mkdir(parents=True)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=str(deep))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases", "-m", "seen",
+                           "--kcoral-timing-budget", "0.02", "-p", "no:randomly"], cwd=pytester.path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "AF_UNIX" not in proc.stdout
+    assert list(deep.iterdir()) == []  # the children's directories were made there, and removed
 
 
 def test_a_kept_baseline_child_draws_new_timing_sets_for_every_item(tmp_path):

@@ -59,7 +59,7 @@ def kcoral_url(tmp_path_factory: pytest.TempPathFactory):
     command = [sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
                "--num-workers", "2", "--sandbox", sandbox, "--log-dir", "", "--disk-cache-dir", ""]
     with open(log_path, "wb") as log:
-        server = subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        server = subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_server_env(workdir))
     try:
         reason = _wait_until_ready(server, url, log_path)
         if reason:
@@ -90,12 +90,12 @@ def kcoral_router_url(tmp_path_factory: pytest.TempPathFactory):
     try:
         with open(workdir / "router.log", "wb") as log:
             processes.append(subprocess.Popen([sys.executable, "-m", "kcoral", "router", "--host", "127.0.0.1", "--port", str(router_port)],
-                                              cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                                              cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_server_env(workdir)))
         with open(workdir / "node.log", "wb") as log:
             processes.append(subprocess.Popen([sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1",
                                                "--port", str(node_port), "--router", url, "--node-id", "node-1", "--num-workers", "1",
                                                "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""],
-                                              cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                                              cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_server_env(workdir)))
         reason = _wait_until_ready(processes[0], url, workdir / "router.log")
         if reason:
             pytest.skip(f"{reason}; node log: {_tail(workdir / 'node.log')}")
@@ -108,6 +108,14 @@ def kcoral_router_url(tmp_path_factory: pytest.TempPathFactory):
             except subprocess.TimeoutExpired:
                 os.kill(process.pid, 9)
                 process.wait(10)
+
+
+def _server_env(workdir: Path) -> dict[str, str]:
+    """The server's environment, its temporary files (a directory per program, which it leaves
+    behind when stopped) under the fixture's own directory, not in the machine's /tmp."""
+    temp = workdir / "tmp"
+    temp.mkdir(exist_ok=True)
+    return dict(os.environ, TMPDIR=str(temp))
 
 
 def _wait_until_ready(server: subprocess.Popen, url: str, log_path: Path) -> str | None:
@@ -409,7 +417,7 @@ def own_server(tmp_path: Path):
     with open(log_path, "wb") as log:
         server = subprocess.Popen([sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
                                    "--num-workers", "1", "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""],
-                                  cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                  cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=_server_env(tmp_path))
     try:
         reason = _wait_until_ready(server, url, log_path)
         if reason:
@@ -464,7 +472,7 @@ def _start_router(workdir: Path) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{port}"
     with open(workdir / "router.log", "wb") as log:
         router = subprocess.Popen([sys.executable, "-m", "kcoral", "router", "--host", "127.0.0.1", "--port", str(port)],
-                                  cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                  cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_server_env(workdir))
     deadline = time.monotonic() + SERVER_START_S
     while pytest_kcoral.remote._health(url) is None:
         if router.poll() is not None or time.monotonic() > deadline:
@@ -540,7 +548,7 @@ def test_items_after_a_server_restart_name_the_new_instance(make_case, pytester,
         with open(tmp_path / "second-server.log", "wb") as log:
             second = subprocess.Popen([sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--host", "127.0.0.1", "--port", port,
                                        "--num-workers", "1", "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""],
-                                      cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                      cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=_server_env(tmp_path))
         reason = _wait_until_ready(second, url, tmp_path / "second-server.log")
         assert reason is None, reason
         second_id = pytest_kcoral.remote._health(url)[1]["instance_id"]
