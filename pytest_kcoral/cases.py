@@ -156,6 +156,15 @@ def _private_bytecode() -> Iterator[None]:
         sys.pycache_prefix = None
 
 
+def keep_private_bytecode_in(directory: Path) -> None:
+    """Make ``directory`` this process's private bytecode directory (``_private_bytecode``), for a
+    process that may be killed before its exit handlers run, inside a private directory its parent
+    removes (``diagnostics_child``): the default one, made in the temp dir, would outlive it."""
+    global _private_pycache
+    directory.mkdir(mode=0o700, exist_ok=True)
+    _private_pycache = str(directory)
+
+
 def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
     """Import a trusted case module under a unique name (many cases share the file name)."""
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]

@@ -162,10 +162,16 @@ def test_a_run_out_of_time_is_killed_with_what_it_started(tmp_path, monkeypatch)
     job = json.loads((work / "job.json").read_text())
     pids_file = tmp_path / "pids"
     monkeypatch.setenv("PIDS_FILE", str(pids_file))
+    # the inspected process's own temp dir: its bytecode must go to the private directory instead,
+    # removed with the run, since a killed process cannot remove a directory of its own
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     status, _, seconds = _diagnostics(tmp_path, timeout_s=8.0)._run([], job, inputs, {})
     assert status is None and seconds < 30
     for pid in map(int, pids_file.read_text().split()):
         assert _gone_or_zombie(pid), f"pid {pid} still running"
+    assert list(temp.iterdir()) == []
 
 
 def _gone_or_zombie(pid: int) -> bool:
