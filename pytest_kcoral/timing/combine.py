@@ -184,6 +184,7 @@ class ProcessPair:
     verify: list[list[dict]] = field(default_factory=list)
     # one side's figures in this pair, once its rounds are all in (``side_stats``)
     _stats: dict[str, TimingStats] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _speedup: float | None = field(default=None, init=False, repr=False, compare=False)  # ``speedup``
 
     def rounds(self, side: str) -> list[TimingStats]:
         return self.baseline if side == "baseline" else self.candidate
@@ -202,6 +203,16 @@ class ProcessPair:
         if side not in self._stats:
             self._stats[side] = combine_rounds(self.rounds(side), keep=self.kept())
         return self._stats[side]
+
+    def speedup(self) -> float:
+        """``paired_speedup`` of the pair's rounds, computed once, as ``side_stats`` is: both
+        sides' figures are combined first, so that a side without samples raises ``ValueError``
+        naming it, as ``combine_rounds`` does."""
+        if self._speedup is None:
+            for side in SIDES:
+                self.side_stats(side)
+            self._speedup = paired_speedup(self.baseline, self.candidate)
+        return self._speedup
 
 
 def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Sequence[TimingStats]) -> float:
@@ -234,14 +245,8 @@ def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Seq
 
 
 def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
-    """Each pair's ``paired_speedup``. Both sides' figures are combined first, so that a side
-    without samples raises ``ValueError`` naming it, as ``combine_rounds`` does."""
-    def speedup(p: ProcessPair) -> float:
-        for side in SIDES:
-            p.side_stats(side)
-        return paired_speedup(p.baseline, p.candidate)
-
-    return [speedup(p) for p in pairs]
+    """Each pair's ``paired_speedup`` (``ProcessPair.speedup``)."""
+    return [p.speedup() for p in pairs]
 
 
 def item_speedup(pairs: Sequence[ProcessPair], baseline: TimingStats, candidate: TimingStats, charged_us: float = 0.0) -> float | None:
@@ -256,7 +261,7 @@ def item_speedup(pairs: Sequence[ProcessPair], baseline: TimingStats, candidate:
     plain = speedup_between(baseline, candidate)
     if plain is None:
         return None
-    paired = pair_speedups(pairs)[median_pair(pairs)]
+    paired = pairs[median_pair(pairs)].speedup()
     uncharged_us = candidate.median_us - charged_us
     if not math.isfinite(paired) or uncharged_us <= 0:
         return plain
