@@ -662,13 +662,13 @@ class LocalExecutor:
         all_base = [r for pair in pairs for r in pair.baseline]
         all_cand = [r for pair in pairs for r in pair.candidate]
         # time outside the windows is judged between rounds taken in turns, in every pair
-        charged_us = timing.charge_outside_work(all_base, all_cand, candidate_stats, keep=combine.rounds_in_turns(pairs))
+        timing.charge_outside_work(all_base, all_cand, candidate_stats, keep=combine.rounds_in_turns(pairs))
         result.baseline_timing = baseline_stats.to_dict()
         result.candidate_timing = candidate_stats.to_dict()
         result.t_baseline_us = baseline_stats.median_us
         result.t_candidate_us = candidate_stats.median_us
         result.timer = candidate_stats.method
-        result.speedup = combine.item_speedup(pairs, baseline_stats, candidate_stats, charged_us)
+        result.speedup = combine.item_speedup(pairs, baseline_stats, candidate_stats)
         # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
         result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
         checked = _timed_outputs_to_check(all_cand, [v for pair in pairs for v in pair.verify], combine.kept_rounds(pairs, "candidate"),

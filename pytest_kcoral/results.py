@@ -32,6 +32,7 @@ class TimingStats:
     records: int | None = None  # CUPTI: activity records per call
     host_median_us: float | None = None  # synchronized host wall clock per call
     outside_us: float | None = None  # host time per timed call outside its window (refresh, flush, output drop and check)
+    charged_us: float = 0.0  # of that, beyond the baseline's and the slack: added to median_us and min_us (``timing.charge_outside_work``)
     host_bound: bool = False  # host time far above the GPU span: timed by the host clock
     same_work_every_call: bool | None = None  # every timed call launched the same set of kernels
     flags: list[str] = field(default_factory=list)

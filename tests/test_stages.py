@@ -159,7 +159,11 @@ def test_triton_candidate_passes_all_stages_with_timing_properties(make_case, ru
         ratios = sorted(b / c for b, c in zip(timed["baseline_timing"]["round_medians_us"], timed["candidate_timing"]["round_medians_us"]))
         middle = len(ratios) // 2
         paired = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] * ratios[middle]) ** 0.5
-        assert timed["speedup"] == pytest.approx(paired, rel=1e-9)
+        # less what the candidate was charged for work outside its windows (honest here; a loaded
+        # CPU can still push an interpreted call's turn past the slack)
+        charged = timed["candidate_timing"]["charged_us"]
+        paired *= (timed["t_candidate_us"] - charged) / timed["t_candidate_us"]
+        assert timed["speedup"] == pytest.approx(paired, rel=1e-9), (timed["candidate_timing"], timed["baseline_timing"])
         assert float(item["kcoral_speedup"]) == pytest.approx(paired, rel=1e-5)  # JUnit keeps six digits
         assert (t_base, t_cand) == pytest.approx((timed["t_baseline_us"], timed["t_candidate_us"]), rel=1e-5)
         assert item["kcoral_device"] == "cpu"

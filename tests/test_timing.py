@@ -391,10 +391,11 @@ def test_the_items_speedup_is_the_median_pairs_less_what_the_candidate_was_charg
     base, cand = combine.combine_processes(pairs, "baseline"), combine.combine_processes(pairs, "candidate")
     assert combine.item_speedup(pairs, base, cand) == pytest.approx(1.0)
     cand.median_us += 10.0  # what ``charge_outside_work`` does
-    assert combine.item_speedup(pairs, base, cand, charged_us=10.0) == pytest.approx(0.8)
+    cand.charged_us = 10.0
+    assert combine.item_speedup(pairs, base, cand) == pytest.approx(0.8)
     idle = [combine.ProcessPair(_rounds([40.0] * 8), [TimingStats(method="cupti", median_us=0.0, n=1, samples_us=[0.0]) for _ in range(8)])]
-    charged = TimingStats(method="cupti", median_us=20.0, n=8)  # 0 us, charged 20 us
-    assert combine.item_speedup(idle, base, charged, charged_us=20.0) == pytest.approx(2.0)
+    charged = TimingStats(method="cupti", median_us=20.0, n=8, charged_us=20.0)  # 0 us, charged 20 us
+    assert combine.item_speedup(idle, base, charged) == pytest.approx(2.0)
     assert combine.item_speedup(pairs, base, TimingStats(method="events", median_us=40.0, n=8)) is None
 
 
@@ -663,7 +664,7 @@ def test_time_outside_the_windows_beyond_the_baselines_is_charged():
     # beyond it: the excess over the slack is the candidate's
     far = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
     assert timing.charge_outside_work(base, rounds(1130.0, 1130.0, 1130.0), far) == pytest.approx(1000.0)
-    assert (far.median_us, far.min_us) == (pytest.approx(1010.0), pytest.approx(1009.0))
+    assert (far.median_us, far.min_us, far.charged_us) == (pytest.approx(1010.0), pytest.approx(1009.0), pytest.approx(1000.0))
     assert far.flags[0].startswith("outside_window_excess_us=1000.0: the candidate's calls spent 1130.0 us")
     # the median pair decides: one round the host slowed on the candidate's side charges nothing
     once = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
@@ -672,10 +673,18 @@ def test_time_outside_the_windows_beyond_the_baselines_is_charged():
     assert timing.charge_outside_work(base, rounds(45.0, 5000.0, 5000.0), TimingStats(method="cupti", median_us=1.0), keep=[0]) == 0.0
     # unknown on either side (a remote server of an older harness): nothing
     assert timing.charge_outside_work(rounds(None, None, None), rounds(1130.0, 1130.0, 1130.0), far) == 0.0
-    # on a CPU (the wall clock) the slack is three times the baseline's own: 50 + 120 us here
+    # on a CPU (the wall clock) the slack is three times the baseline's own and a tenth of the
+    # candidate's own median: 50 + 120 + 1 us here
     wall = TimingStats(method="wall", median_us=10.0, min_us=9.0)
-    assert timing.charge_outside_work(base, rounds(200.0, 200.0, 200.0), wall) == 0.0
-    assert timing.charge_outside_work(base, rounds(1210.0, 1210.0, 1210.0), wall) == pytest.approx(1000.0)
+    assert timing.charge_outside_work(base, rounds(200.0, 200.0, 200.0), wall) == 0.0 and wall.charged_us == 0.0
+    assert timing.charge_outside_work(base, rounds(1211.0, 1211.0, 1211.0), wall) == pytest.approx(1000.0)
+    # a long call (7 ms) keeps 700 us of slack of its own: the caches it left cold
+    long_call = TimingStats(method="wall", median_us=7000.0, min_us=6900.0)
+    assert timing.charge_outside_work(base, rounds(900.0, 900.0, 900.0), long_call) == 0.0
+    assert timing.charge_outside_work(base, rounds(1910.0, 1910.0, 1910.0), long_call) == pytest.approx(1000.0)
+    # on a GPU the candidate's own time buys no slack
+    gpu_call = TimingStats(method="cupti", median_us=7000.0, min_us=6900.0)
+    assert timing.charge_outside_work(base, rounds(1130.0, 1130.0, 1130.0), gpu_call) == pytest.approx(1000.0)
 
 
 def test_every_timed_call_accounts_for_its_time_outside_the_window():
