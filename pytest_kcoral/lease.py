@@ -72,8 +72,9 @@ def default_lease_dir(base: str | None = None) -> Path:
     """``<host temp dir>/pytest-kcoral-leases-<uid>`` (``host_temp_dir``, or ``base``), created
     0700 and checked to be ours.
 
-    The directory is per user: another user could otherwise plant or hold our lock files. Users
-    who share a GPU across accounts pass a shared ``--kcoral-lease-dir`` instead.
+    The directory is per user: another user could otherwise plant or hold our lock files. Sessions
+    under different accounts could share one ``--kcoral-lease-dir`` that both can write, but the
+    lock files take the creating account's umask, and that sharing is untested.
     """
     path = Path(base or host_temp_dir()) / f"pytest-kcoral-leases-{_user_tag()}"
     try:

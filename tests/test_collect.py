@@ -595,3 +595,29 @@ def test_a_case_never_graded_is_named_in_the_step_summary_and_junit(make_case, r
     suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["kcoral_collection_errors"] == "1"
+
+
+def test_files_whose_names_start_with_an_underscore_are_not_candidates(pytester, make_case, run_kcoral):
+    # a draft or a helper kept beside the candidates, in a case or a submission, is never graded
+    make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "_draft": "def run(a, b):\n    return a - b\n"})
+    subs = pytester.path / "subs"
+    (subs / "team-a" / "add").mkdir(parents=True)
+    (subs / "team-a" / "add" / "try1.py").write_text("def run(a, b):\n    return a + b\n")
+    (subs / "team-a" / "add" / "_scratch.py").write_text("def run(a, b):\n    return a - b\n")
+    (subs / "team-a" / "_add.py").write_text("def run(a, b):\n    return a - b\n")
+    result = run_kcoral("cases", "--kcoral-submissions", "subs", "--kcoral-mode", "correctness", "-m", "seen", "-v")
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*cases/add::good[[]seen-n=256[]] PASSED*", "*cases/add::team-a/try1[[]seen-n=256[]] PASSED*"])
+    assert "_draft" not in result.stdout.str() and "scratch" not in result.stdout.str() and "_add" not in result.stdout.str()
+
+
+def test_last_failed_reruns_only_the_items_that_failed(pytester, make_case, monkeypatch):
+    # pytest's own cache (``--lf``): graded items keep their ids from one session to the next
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "wrong": "def run(a, b):\n    return a - b\n"})
+    first = pytester.runpytest("-p", "kcoral", "--kcoral-mode", "correctness", "cases")
+    first.assert_outcomes(passed=2, failed=2)
+    again = pytester.runpytest("-p", "kcoral", "--kcoral-mode", "correctness", "cases", "--lf", "-v")
+    again.assert_outcomes(failed=2, deselected=2)
+    again.stdout.fnmatch_lines(["*run-last-failure: rerun previous 2 failures*"])
+    assert "cases/add::good" not in again.stdout.str()
