@@ -30,6 +30,10 @@ _WATCHED_MODULES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("torch.testing", ("assert_close",)),
     ("torch.cuda", ("synchronize", "Event", "Stream", "current_stream", "default_stream", "set_device", "is_available")),
     ("torch._C", ("_cuda_synchronize", "_CudaEventBase")),
+    # the profiler the GPU timer reads (``timing.cupti_timer``), where ``timing.prepare`` loaded it
+    ("cupti", ("cupti",)),
+    ("cupti.cupti", ("get_timestamp", "activity_enable", "activity_disable", "activity_register_callbacks",
+                     "activity_flush_all", "ActivityKind")),
     ("multiprocessing.connection", ("Connection",)),
     ("json", ("dumps", "loads")),
     ("threading", ("enumerate", "Thread")),

@@ -8,10 +8,12 @@ The GPU-only attacks are in ``test_attacks_gpu.py``; the all-at-once session in
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 
 import attacks
 import pytest
+from kernels import add_case
 
 CORRECTNESS = ("--kcoral-mode", "correctness", "-m", "seen")
 FULL = ("-m", "seen")
@@ -89,6 +91,23 @@ def test_patching_perf_counter_is_detected(make_case, run_kcoral):
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': detected after the candidate ran in phase 'import': "
                                  "replaced functions the harness relies on (timers, synchronization, comparison or the harness itself): time.perf_counter*"])
+
+
+def test_patching_cupti_is_detected(make_case, run_kcoral):
+    # a CPU run never loads cupti-python, so the case loads a stand-in package beside it (on the
+    # path of every process of the case, candidates' included) before the candidate does
+    case_src = "import cupti.cupti\n" + textwrap.dedent(add_case([256], [257]))
+    folder = make_case("cases/add", case_src, {"attack": attacks.PATCH_CUPTI})
+    (folder / "cupti").mkdir()
+    (folder / "cupti" / "__init__.py").write_text("")
+    (folder / "cupti" / "cupti.py").write_text(
+        "ActivityKind = object()\n"
+        + "".join(f"def {name}(*args):\n    pass\n" for name in
+                  ("get_timestamp", "activity_enable", "activity_disable", "activity_register_callbacks", "activity_flush_all")))
+    result = run_kcoral(*FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': detected after the candidate ran in phase 'import': "
+                                 "replaced functions the harness relies on (timers, synchronization, comparison or the harness itself): cupti.cupti.activity_enable*"])
 
 
 def test_patching_the_harness_clock_is_detected(make_case, run_kcoral):

@@ -1,11 +1,12 @@
 """SPEC section 9 attacks that need a GPU: side streams, persisting L2, host compute plus copy,
-and patching CUDA events and synchronization. They skip with a reason on a machine without CUDA;
-the lead runs them on the H200 (``python -m pytest tests/adversarial/test_attacks_gpu.py -v``)."""
+and patching CUDA events, synchronization and CUPTI. They skip with a reason on a machine without
+CUDA; the lead runs them on the H200 (``python -m pytest tests/adversarial/test_attacks_gpu.py -v``)."""
 
 from __future__ import annotations
 
 import json
 
+import attacks
 import pytest
 import torch
 from kernels import triton_add
@@ -144,6 +145,15 @@ def test_patching_cuda_events_and_synchronize_is_detected(make_case, run_kcoral_
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': detected after the candidate ran in phase 'import': "
                                  "replaced functions the harness relies on*torch.cuda.synchronize*"])
+
+
+def test_patching_cupti_is_detected_on_a_gpu(make_case, run_kcoral_gpu):
+    pytest.importorskip("cupti", reason="the attack patches cupti-python, which the GPU timer reads")
+    make_case("cases/add", GPU_CASE, {"patcher": attacks.PATCH_CUPTI})
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': detected after the candidate ran in phase 'import': "
+                                 "replaced functions the harness relies on*cupti.cupti.activity_enable*"])
 
 
 def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral_gpu, pytester):
