@@ -655,6 +655,9 @@ def test_work_done_outside_the_timing_window_is_charged(make_case, run_kcoral, p
     # it read 20 ms against a few microseconds, a speedup in the thousands; charged, it earns at
     # most the slack the charge allows
     assert attack["speedup"] <= earned_at_most(attack), json.dumps((attack["candidate_timing"], attack["baseline_timing"]))
+    # what was charged is in its figures, and named
+    assert attack["candidate_timing"]["charged_us"] > 1000.0, attack["candidate_timing"]
+    assert honest["candidate_timing"]["charged_us"] == 0.0 and attack["baseline_timing"]["charged_us"] == 0.0
     assert not any(f.startswith("outside_window_excess_us=") for f in honest["candidate_timing"]["flags"]), (
         honest["candidate_timing"], honest["baseline_timing"])
     assert 0.8 < honest["speedup"] < 1.25, honest["speedup"]
