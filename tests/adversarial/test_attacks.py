@@ -623,6 +623,32 @@ def run(a, b):
 """
 
 
+# 9: a cache keyed by the inputs' values, which answers a repeated input at once (correctly: the
+# same values give the same result) and does the work otherwise
+CACHE_BY_CONTENT = SPIN + f"""
+import hashlib
+_cache = {{}}
+def run(a, b):
+    key = hashlib.sha1(a.numpy().tobytes() + b.numpy().tobytes()).hexdigest()
+    if key not in _cache:
+        _spin({WORK_S})
+        _cache[key] = a + b
+    return _cache[key].clone()
+"""
+
+
+def test_cache_by_content_never_answers_a_timed_call(make_case, run_kcoral, pytester):
+    import json
+
+    # every timed call gets fresh values, so the cache misses and does the work every time; had
+    # the timed calls repeated their inputs, it would read hundreds of times faster than the
+    # reference, which does the same work on every call
+    make_case("cases/slow", SLOW_CASE, {"cache": CACHE_BY_CONTENT})
+    run_kcoral("--kcoral-timing-budget", "0.1", "--kcoral-json", "out.json").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["speedup"] < 1.5, (item["speedup"], item["candidate_timing"], item["baseline_timing"])
+
+
 def earned_at_most(item: dict) -> float:
     """The speedup a candidate that moved its work out of the timing windows can still earn: the
     charge leaves it the slack (``timing.charge_outside_work``), named in its flag."""
