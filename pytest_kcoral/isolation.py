@@ -30,7 +30,7 @@ from multiprocessing import popen_forkserver, spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_kcoral import child, leftovers, protocol
+from pytest_kcoral import child, lease, leftovers, protocol
 
 # Imported once by the template so children start warm. Missing ones are skipped by forkserver.
 TEMPLATE_PRELOAD = ["pytest_kcoral.template", "torch", "triton", "triton.language", "pytest_kcoral.child", "pytest_kcoral.case_runtime", "pytest_kcoral.timing",
@@ -132,14 +132,16 @@ def _short_socket_dir() -> None:
     """The template listens on a Unix socket in multiprocessing's directory for this process, a
     ``pymp-*`` directory made under the temp dir. A deep ``TMPDIR`` (a CI runner's, a test's
     ``tmp_path``) made its path too long: every session failed at collection with ``OSError: AF_UNIX
-    path too long``. Then the directory is made under ``/tmp`` instead; multiprocessing removes it
-    at exit as it would the other. Only the pytest process uses the path (the template inherits
-    the listening socket), so a sandbox's fresh ``/tmp`` does not hide it."""
+    path too long``. Then the directory is made in the host's temp dir (``lease.host_temp_dir``:
+    ``/tmp``) instead; multiprocessing removes it at exit as it would the other. Only the pytest
+    process uses the path (the template inherits the listening socket), so a sandbox's fresh
+    ``/tmp`` does not hide it."""
     longest = os.path.join(tempfile.gettempdir(), "pymp-" + "x" * 8, "listener-" + "x" * 8)
-    if len(os.fsencode(longest)) <= _SOCKET_PATH_MAX or not os.path.isdir("/tmp"):
+    short = lease.host_temp_dir()
+    if len(os.fsencode(longest)) <= _SOCKET_PATH_MAX or short == tempfile.gettempdir():
         return
     saved = tempfile.tempdir
-    tempfile.tempdir = "/tmp"
+    tempfile.tempdir = short
     try:
         multiprocessing.util.get_temp_dir()  # made now and kept for this process's life
     finally:
