@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import random
 import re
@@ -643,13 +644,14 @@ class LocalExecutor:
         # outputs as the candidate's does, then drops them, since keeping them allocates between
         # timed calls and a small kernel's time follows where its outputs land.
         timed_alike = dict(self._time_fields(spec, ref, device), cpu=cpu)
-        pairs = [self._time_pair(candidate, baseline, ref, timed_alike)]
+        first_sides = _first_sides(derive_seed(self.settings.seed, spec.nodeid, "turns"))
+        pairs = [self._time_pair(candidate, baseline, ref, timed_alike, next(first_sides))]
         # A launch-bound chain runs at the speed of the process it runs in, and a process can sit
         # at a level 1.5x slower than another's for seconds (docs/performance.md, sessions 12 and
         # 14): an item the host's speed sets is timed again in fresh pairs of processes, and the
         # median pair's figures are its own (``timing.combine.median_pair``).
         while len(pairs) < self._process_pairs_for(pairs):
-            pairs.append(self._time_in_fresh_processes(spec, ref, device, tol, timed_alike, candidate.deadline))
+            pairs.append(self._time_in_fresh_processes(spec, ref, device, tol, timed_alike, candidate.deadline, next(first_sides)))
         floor, cost = self._cost(spec, trusted, device)
         try:
             baseline_stats = combine.combine_processes(pairs, "baseline")
@@ -699,17 +701,19 @@ class LocalExecutor:
                                   " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
                                   + _one_screen(problems), "baseline", case_failed=True)
 
-    def _time_pair(self, candidate: Child, baseline: Child, ref: ReferenceData, timed_alike: dict[str, Any]) -> combine.ProcessPair:
+    def _time_pair(self, candidate: Child, baseline: Child, ref: ReferenceData, timed_alike: dict[str, Any],
+                   first: str = "baseline") -> combine.ProcessPair:
         """One pair of processes' timing rounds. Baseline and candidate take turns in rounds,
-        ordered ABBA ABBA..., all under one lease: the host's speed drifts within seconds (a
-        five-kernel softmax read 37 us and then 55 us in one process, see docs/performance.md),
-        and a drift then hits both sides alike; a slowdown of one process alone moves its pair of
-        rounds' ratio, and the pair is left out (``timing.undisturbed_pairs``). The candidate
+        ordered ABBA ABBA..., ``first``'s round first, all under one lease: the host's speed
+        drifts within seconds (a five-kernel softmax read 37 us and then 55 us in one process, see
+        docs/performance.md), and a drift then hits both sides alike; a slowdown of one process
+        alone moves its pair of rounds' ratio, and the pair is left out
+        (``timing.undisturbed_pairs``). Which side goes first is not neutral (``_first_sides``). The candidate
         keeps timed outputs in every round; one of its fastest round's is checked against the
         reference, and others drawn from the session seed, so no round is safe to cheat in
         (``_timed_outputs_to_check``)."""
         keep = timed_alike["verify"]
-        pair = combine.ProcessPair()
+        pair = combine.ProcessPair(first=first)
 
         def time_baseline(r: int) -> None:
             header, _ = self._baseline_call(baseline, "time", "baseline", warmup_s=_warmup_s(r), send_kept=False, **timed_alike)
@@ -729,10 +733,11 @@ class LocalExecutor:
             pair.candidate.append(stats_)
             pair.verify.append(payload["verify"])
 
+        leads, follows = (time_baseline, time_candidate) if first == "baseline" else (time_candidate, time_baseline)
         for r in range(self._timing_rounds(ref)):
-            first, second = (time_baseline, time_candidate) if r % 2 == 0 else (time_candidate, time_baseline)
-            first(r)
-            second(r)
+            one, other = (leads, follows) if r % 2 == 0 else (follows, leads)
+            one(r)
+            other(r)
         return pair
 
     def _process_pairs_for(self, pairs: list[combine.ProcessPair]) -> int:
@@ -752,7 +757,7 @@ class LocalExecutor:
             return False  # a side without samples: combining all pairs says which
 
     def _time_in_fresh_processes(self, spec: ItemSpec, ref: ReferenceData, device: str, tol: correctness.Tolerance,
-                                 timed_alike: dict[str, Any], deadline: float) -> combine.ProcessPair:
+                                 timed_alike: dict[str, Any], deadline: float, first: str) -> combine.ProcessPair:
         """Another pair of rounds, in a fresh candidate child and a fresh baseline child, each
         brought to its timing the way the first pair's were: the candidate loaded and its
         correctness run checked (a candidate right in one process only is wrong), the baseline
@@ -771,7 +776,7 @@ class LocalExecutor:
                 raise baseline
             stack.callback(baseline.close)
             self._baseline_goes_the_candidates_way(baseline, spec, ref, device, tol)
-            pair = self._time_pair(candidate, baseline, ref, timed_alike)
+            pair = self._time_pair(candidate, baseline, ref, timed_alike, first)
             self._baseline_call(baseline, "finish", "baseline")
             self._stage("timing", lambda: candidate.call("finish", "finish"))
             return pair
@@ -846,6 +851,22 @@ class LocalExecutor:
         if problems:
             raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify",
                               disqualifies=True)
+
+
+def _first_sides(seed: int) -> Iterator[str]:
+    """The side whose round comes first in each pair of processes' turns (``_time_pair``): the
+    first pair's drawn from ``seed`` (the session seed and the item), then alternating.
+
+    Going first is not neutral. On an H200, the four small GELU-after-Linear items (host-set, five
+    pairs each) read the candidate's side slow in every run with the baseline's round first
+    (the pairs' geometric mean 0.9876 and 0.9925 for identical code, 0.9930 and 0.9880 with two
+    baseline children, A/A) and not with the candidate's first (0.9980 and 1.0041; one host,
+    docs/performance.md, session 19).
+    Alternating cancels such an advantage, whichever side it favours on a host, between an
+    item's pairs of processes; the draw spreads it evenly, in both directions, over items timed
+    in one pair."""
+    sides = combine.SIDES if seed % 2 == 0 else combine.SIDES[::-1]
+    return itertools.cycle(sides)
 
 
 def _keep(kept: dict[tuple[str, str], Child], key: tuple[str, str], child: Child) -> Child:

@@ -502,9 +502,12 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     calls = [who for _, who, _, _ in _logged_calls(pytester.path / "calls.log") if who != "R"]
     runs = [who for n, who in enumerate(calls) if n == 0 or calls[n - 1] != who]
     # correctness (the baseline's check in the trusted child, the candidate's run, the baseline's
-    # child's run), then TIMING_ROUNDS rounds a side ordered B C C B B C C B...: runs of one side merge, so
-    # timing ends in B C B C B
-    assert runs[-5:] == ["B", "C", "B", "C", "B"], runs
+    # child's run), then TIMING_ROUNDS rounds a side ordered F S S F F S S F..., F the side the
+    # flag names (drawn per item): runs of one side merge, so timing ends in F S F S F
+    (turns,) = [f for f in item["candidate_timing"]["flags"] if f.startswith("first_in_turns=")]
+    first, second = ("B", "C") if turns.startswith("first_in_turns=baseline:") else ("C", "B")
+    assert turns.startswith(("first_in_turns=baseline:", "first_in_turns=candidate:")), turns
+    assert runs[-5:] == [first, second, first, second, first], runs
 
 
 def test_gpu_items_with_little_data_take_shorter_rounds():
@@ -552,7 +555,8 @@ def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pa
     than another for seconds (docs/performance.md, session 12): ``--kcoral-process-pairs N`` times
     an item in N pairs of processes (auto: five for host-set items on a GPU, one otherwise). Each new
     candidate child loads the candidate and gets the correctness run, each new baseline child the
-    same run, and the pairs take turns within themselves."""
+    same run, and the pairs take turns within themselves, the side that goes first alternating
+    from pair to pair (``pipeline._first_sides``)."""
     log = pytester.path / "calls.log"
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))), {"logged": LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))})
     run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "3").assert_outcomes(passed=1)
@@ -562,6 +566,10 @@ def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pa
     assert pairs == base["processes"] == 3
     assert len(base["process_medians_us"]) == len(cand["process_medians_us"]) == pairs
     assert len(cand["round_medians_us"]) == len(base["round_medians_us"]) == pairs * TIMING_ROUNDS
+    (turns,) = [f for f in cand["flags"] if f.startswith("first_in_turns=")]
+    firsts = turns.split("=", 1)[1].split(":", 1)[0].split(",")
+    assert len(firsts) == pairs and all(a != b for a, b in zip(firsts, firsts[1:])), turns
+    assert turns in base["flags"]
     calls = _logged_calls(log)
     trusted = {pid for _, who, pid, _ in calls if who == "R"}
     candidates = list(dict.fromkeys(pid for _, who, pid, _ in calls if who == "C"))
@@ -573,11 +581,13 @@ def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pa
         # both children of a pair began with the correctness run, on the candidate's first inputs
         assert next(x for _, _, pid, x in calls if pid == candidates[p]) == first_input
         assert next(x for _, _, pid, x in calls if pid == baselines[p]) == first_input
-        # a pair's calls lie after the last pair's, and its two sides take turns (B C B C B, as above)
+        # a pair's calls lie after the last pair's, and its two sides take turns, F S S F F S ...
+        # from the side the flag names: an even number of rounds ends with the first side's
         if p:
             assert mine[0][0] > max(t for t, _, pid, _ in calls if pid in (candidates[p - 1], baselines[p - 1]))
         runs = [who for n, (_, who) in enumerate(mine) if n == 0 or mine[n - 1][1] != who]
-        assert runs[-5:] == ["B", "C", "B", "C", "B"], runs
+        first, second = ("B", "C") if firsts[p] == "baseline" else ("C", "B")
+        assert runs[-5:] == [first, second, first, second, first], (firsts[p], runs)
 
 
 RIGHT_IN_ITS_FIRST_PROCESS_ONLY = """

@@ -453,11 +453,34 @@ def test_time_outside_the_windows_is_judged_in_every_pair_even_unpaired_ones():
 def test_one_pair_of_processes_combines_as_its_rounds_do():
     base = _rounds([41.0, 57.0, 41.5, 41.2, 58.0, 40.8, 41.1, 41.3])
     cand = _rounds([41.2, 41.0, 41.3, 57.5, 41.0, 41.0, 40.9, 41.4])
-    pair = combine.ProcessPair(base, cand)
+    pair = combine.ProcessPair(base, cand, first="candidate")
     kept = timing.undisturbed_pairs(base, cand)
-    assert combine.combine_processes([pair], "baseline") == timing.combine_rounds(base, keep=kept)
-    assert combine.combine_processes([pair], "candidate") == timing.combine_rounds(cand, keep=kept)
+    for side, rounds in (("baseline", base), ("candidate", cand)):
+        combined, alone = combine.combine_processes([pair], side), timing.combine_rounds(rounds, keep=kept)
+        # the same figures, and a record of which side's round came first
+        assert combined.flags[:-1] == alone.flags and combined.flags[-1].startswith("first_in_turns=candidate:")
+        combined.flags = alone.flags
+        assert combined == alone
     assert combine.kept_rounds([pair], "candidate") == kept
+
+
+def test_the_side_that_goes_first_alternates_between_pairs_of_processes():
+    """Going first in the turns is not neutral (docs/performance.md, session 19): the first
+    pair's first side is drawn from the item's seed, and the pairs after it alternate, so an
+    item timed in five pairs has three one way and two the other, and items timed in one pair
+    go first on either side about equally often."""
+    from itertools import islice
+
+    from pytest_kcoral.pipeline import _first_sides, derive_seed
+
+    assert list(islice(_first_sides(0), 5)) == ["baseline", "candidate", "baseline", "candidate", "baseline"]
+    assert list(islice(_first_sides(1), 3)) == ["candidate", "baseline", "candidate"]
+    firsts = [next(_first_sides(derive_seed(7, f"cases/x::y[{n}]", "turns"))) for n in range(200)]
+    assert 70 <= firsts.count("baseline") <= 130
+    pairs = [_pair([40.0] * 8, [40.0] * 8) for _ in range(3)]
+    for pair, first in zip(pairs, ("candidate", "baseline", "candidate")):
+        pair.first = first
+    assert combine.combine_processes(pairs, "baseline").flags[-1].startswith("first_in_turns=candidate,baseline,candidate:")
 
 
 def test_the_fastest_rounds_timed_output_is_always_checked():

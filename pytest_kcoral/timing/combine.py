@@ -185,12 +185,14 @@ def host_set_side(side: Mapping[str, Any]) -> bool:
 
 @dataclass
 class ProcessPair:
-    """One pair of processes' timing rounds, taken in turns (``LocalExecutor._time``): the
-    baseline's and the candidate's, and the timed outputs each candidate round kept."""
+    """One pair of processes' timing rounds, taken in turns (``LocalExecutor._time_pair``): the
+    baseline's and the candidate's, the timed outputs each candidate round kept, and the side
+    whose round came first (then the other's twice, and so on)."""
 
     baseline: list[TimingStats] = field(default_factory=list)
     candidate: list[TimingStats] = field(default_factory=list)
     verify: list[list[dict]] = field(default_factory=list)
+    first: str = "baseline"
     # one side's figures in this pair, once its rounds are all in (``side_stats``)
     _stats: dict[str, TimingStats] = field(default_factory=dict, init=False, repr=False, compare=False)
     _speedup: float | None = field(default=None, init=False, repr=False, compare=False)  # ``speedup``
@@ -322,7 +324,9 @@ def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
     ``processes`` and ``process_medians_us`` say what the side read in each, and a flag which pair
     set the figures. Raises ``ValueError`` as ``combine_rounds`` does."""
     if len(pairs) == 1:
-        return copy.deepcopy(pairs[0].side_stats(side))  # the caller may charge it (``charge_outside_work``)
+        single = copy.deepcopy(pairs[0].side_stats(side))  # the caller may charge it (``charge_outside_work``)
+        single.flags.append(_turns_flag(pairs))
+        return single
     chosen = median_pair(pairs)
     rounds = [r for p in pairs for r in p.rounds(side)]
     start = sum(len(p.rounds(side)) for p in pairs[:chosen])
@@ -333,4 +337,11 @@ def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
     speedups = ", ".join(f"{s:.4g}" for s in pair_speedups(pairs))
     combined.flags.append(f"median_pair={chosen + 1}/{len(pairs)}: timed in {len(pairs)} pairs of fresh processes, whose"
                           f" speedups were {speedups}: the figures are the median pair's")
+    combined.flags.append(_turns_flag(pairs))
     return combined
+
+
+def _turns_flag(pairs: Sequence[ProcessPair]) -> str:
+    """Which side's round came first in each pair's turns: going first is not neutral, so the
+    grader alternates it (``pipeline._first_sides``) and the record says how it went."""
+    return f"first_in_turns={','.join(p.first for p in pairs)}: the side whose round came first in each pair of processes"
