@@ -30,6 +30,13 @@ import filelock
 from pytest_kcoral.devices import DeviceSpec
 
 POLL_INTERVAL_S = 0.01
+# Lock files the directory's group can lock too, whatever the creating account's umask (filelock
+# applies an explicit mode to a file it creates): sessions under different accounts share a GPU
+# through a ``--kcoral-lease-dir`` that is a group directory (README, *Parallel runs*). The default
+# directory is 0700, so there nobody else reaches them.
+LOCK_FILE_MODE = 0o660
+# The holder sidecar: what a waiter of another account reads to say who it waited for.
+HOLDER_FILE_MODE = 0o644
 
 
 class LeaseError(Exception):
@@ -73,8 +80,8 @@ def default_lease_dir(base: str | None = None) -> Path:
     0700 and checked to be ours.
 
     The directory is per user: another user could otherwise plant or hold our lock files. Sessions
-    under different accounts could share one ``--kcoral-lease-dir`` that both can write, but the
-    lock files take the creating account's umask, and that sharing is untested.
+    under different accounts share a GPU through a ``--kcoral-lease-dir`` that is a group
+    directory (``LOCK_FILE_MODE``; tests/test_lease.py runs two accounts against one).
     """
     path = Path(base or host_temp_dir()) / f"pytest-kcoral-leases-{_user_tag()}"
     try:
@@ -215,11 +222,13 @@ class LeaseManager:
         deadline = None if self.timeout_s is None else t0 + self.timeout_s
         while True:
             for device in order:
-                lock = filelock.FileLock(str(self.lock_path(device)))
+                lock = filelock.FileLock(str(self.lock_path(device)), mode=LOCK_FILE_MODE)
                 try:
                     lock.acquire(timeout=0)
                 except filelock.Timeout:
                     continue
+                except PermissionError as exc:
+                    raise LeaseError(self._not_ours_message(device, exc)) from None
                 try:
                     now = time.monotonic()
                     lease = Lease(device=device, holder=self.holder, label=label,
@@ -254,6 +263,7 @@ class LeaseManager:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             tmp.write_text(json.dumps(info), encoding="utf-8")
+            os.chmod(tmp, HOLDER_FILE_MODE)
             os.replace(tmp, path)
         except OSError:
             with contextlib.suppress(OSError):
@@ -270,6 +280,24 @@ class LeaseManager:
         if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
             info["stale"] = not _pid_alive(info["pid"])
         return info
+
+    def _not_ours_message(self, device: DeviceSpec, exc: PermissionError) -> str:
+        """Why this account cannot lock ``device``'s lock file: another account's file in a
+        directory they share, and what makes such a directory work."""
+        path = self.lock_path(device)
+        try:
+            st = os.stat(path)
+            found = f"owned by uid {st.st_uid}, gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}"
+            directory = os.stat(self.lease_dir)
+            sticky = " (sticky: another account's lock file there is refused, since its owner could replace it during a hold)" \
+                if directory.st_mode & stat.S_ISVTX else ""
+            where = f"the directory has mode {stat.S_IMODE(directory.st_mode):o}{sticky}"
+        except OSError:
+            found, where = "unreadable", "the directory cannot be read"
+        return (f"cannot lock {path} for {device.name} ({exc.strerror or exc}): the file is {found}; {where}. "
+                "Accounts share leases through a group directory that is not sticky, each account in its group "
+                "(for example `install -d -m 2770 -g GROUP DIR`, then --kcoral-lease-dir DIR); lock files made "
+                "there before this version may need `chmod 660`")
 
     def _timeout_error(self, order: Sequence[DeviceSpec], waited_s: float) -> LeaseTimeout:
         holders = {d.lock_key: self.read_holder(d) for d in order}

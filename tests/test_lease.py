@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -400,3 +401,93 @@ def test_odd_lock_keys_make_plain_file_names_and_the_sidecar_goes_with_the_lease
         }
     assert manager.read_holder(mig) is None
     assert sorted(p.name for p in (tmp_path / "leases").iterdir()) == ["MIG-GPU-aaaa_1_0.lock"]
+
+
+ACCOUNT = textwrap.dedent(
+    """
+    import encodings.ascii, json, os, sys, tempfile, time  # noqa: F401 - imported while the interpreter's files are readable
+    from pathlib import Path
+    from pytest_kcoral.devices import DeviceSpec
+    from pytest_kcoral.lease import LeaseError, LeaseManager, LeaseTimeout
+
+    lease_dir, uid, group, hold_s, start_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+    device = DeviceSpec("cpu", "cpu", "test CPU")
+    with tempfile.TemporaryDirectory() as warm:  # filelock imports some of its modules at first use
+        with LeaseManager([device], Path(warm), 1.0).lease():
+            pass
+    # another account, in the shared group, with the usual umask (without an explicit mode, lock
+    # files would be 0644 and the group could not lock them)
+    os.setgroups([group])
+    os.setgid(uid)
+    os.setuid(uid)
+    os.umask(0o022)
+    time.sleep(max(0.0, start_at - time.time()))
+    report = {"uid": uid}
+    try:
+        if hold_s < 0:  # a waiter: first a short wait that times out, naming the holder, then a long one
+            try:
+                with LeaseManager([device], lease_dir, 0.2).lease():
+                    report["short_wait"] = "got it"
+            except LeaseTimeout as exc:
+                report["short_wait"] = str(exc)
+        manager = LeaseManager([device], lease_dir, 10.0, holder=f"account {uid}")
+        with manager.lease(label="x"):
+            time.sleep(max(hold_s, 0.05))
+        report["history"] = manager.history
+    except LeaseError as exc:
+        report["error"] = str(exc)
+    print(json.dumps(report), flush=True)
+    """
+)
+
+
+def _as_accounts(tmp_path: Path, lease_dir: Path, runs: list[tuple[int, int, float, float]]) -> list[dict]:
+    """Run ACCOUNT once per (uid, group, hold_s, start delay), each as that account; their reports."""
+    script = tmp_path / "account.py"
+    script.write_text(ACCOUNT)
+    t0 = time.time() + 1.0
+    procs = [subprocess.Popen([sys.executable, str(script), str(lease_dir), str(uid), str(group), str(hold), str(t0 + delay)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+             for uid, group, hold, delay in runs]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(procs), [err[-2000:] for _, err in outputs]
+    return [json.loads(out) for out, _ in outputs]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as two accounts")
+def test_two_accounts_share_a_group_lease_directory(tmp_path: Path) -> None:
+    """Two accounts in one group take turns on a device through a group directory (setgid, 2770):
+    the lock file the first one made is one the second can lock, whatever the first's umask, and
+    the second, timing out while the first holds it, names the holder from its sidecar."""
+    group = 4170
+    shared = Path(tempfile.mkdtemp(prefix="kcoral-shared-leases-", dir="/tmp"))
+    try:
+        os.chown(shared, 0, group)
+        os.chmod(shared, 0o2770)
+        holder, waiter = _as_accounts(tmp_path, shared, [(4171, group, 1.5, 0.0), (4172, group, -1.0, 0.3)])
+        assert "error" not in holder and "error" not in waiter, (holder, waiter)
+        assert "no device free" in waiter["short_wait"] and "account 4171" in waiter["short_wait"], waiter["short_wait"]
+        (first,), (second,) = holder["history"], waiter["history"]
+        assert_disjoint([(first["t_acquired"], first["t_released"]), (second["t_acquired"], second["t_released"])])
+        assert second["wait_ms"] > 500  # it waited for the holder rather than timing alongside it
+        lock = os.stat(shared / "cpu.lock")
+        assert (lock.st_uid, lock.st_gid, lock.st_mode & 0o777) == (4171, group, 0o660)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as two accounts")
+def test_another_accounts_lock_file_in_a_sticky_directory_is_a_clear_error(tmp_path: Path) -> None:
+    """In a sticky world-writable directory (as /tmp itself) another account's lock file cannot be
+    locked: the error names the file, its owner and mode, and how to share a directory instead
+    (a raw PermissionError used to escape the lease)."""
+    shared = Path(tempfile.mkdtemp(prefix="kcoral-sticky-leases-", dir="/tmp"))
+    try:
+        os.chmod(shared, 0o1777)
+        holder, other = _as_accounts(tmp_path, shared, [(4181, 4181, 1.0, 0.0), (4182, 4182, 0.0, 0.3)])
+        assert "error" not in holder, holder
+        message = other["error"]
+        assert str(shared / "cpu.lock") in message and "owned by uid 4181" in message and "sticky" in message, message
+        assert "install -d -m 2770" in message
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
