@@ -342,6 +342,18 @@ def test_a_pair_of_rounds_one_process_slowed_is_left_out():
     assert both == [0, 1, 2, 3]
 
 
+def test_which_side_is_first_does_not_change_the_rounds_kept():
+    """The window of undisturbed pairs is centred on the median ratio, for an even count the
+    geometric mean of the middle two: the same rounds are kept whichever side's ratio is taken.
+    Centred on the lower middle ratio (until session 19), these four pairs kept 0, 1, 2 one way and
+    1, 2, 3 the other."""
+    base = _rounds([38.0, 39.6, 41.2, 41.6])  # ratios to the candidate's 40 us: 0.95, 0.99, 1.03, 1.04
+    cand = _rounds([40.0] * 4)
+    assert timing.undisturbed_pairs(base, cand) == timing.undisturbed_pairs(cand, base) == [1, 2, 3]
+    # the middle two over 10% apart: none lies within 5% of their mean, and those two are kept
+    assert timing.undisturbed_pairs(_rounds([30.0, 36.0, 44.8, 50.0]), _rounds([40.0] * 4)) == [1, 2]
+
+
 def test_one_fast_round_does_not_set_a_speedup():
     """Trusting a side's fastest round gave a self-speedup of 1.64 on an H200 (session 12): the
     candidate's first round read 17.4 us, its other seven and all of the baseline's 26.6-30.4 us.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -73,7 +72,7 @@ def charge_outside_work(baseline_rounds: Sequence[TimingStats], candidate_rounds
 
 
 # A pair of rounds (one of each side, taken in turns, adjacent in time) was disturbed when its ratio
-# of medians lies more than this from the median pair's. On an H200 host a launch-bound chain ran at
+# of medians lies more than this from the median of the pairs' ratios. On an H200 host a launch-bound chain ran at
 # one of two levels about 1.5x apart, switching within a process every second or so and in one
 # process only (docs/performance.md, session 12); undisturbed pairs agree within a few percent (a
 # CUPTI step is 32 ns, 3% of a 1 us kernel).
@@ -83,7 +82,10 @@ DISTURBED_PAIR_SLACK = 0.05
 def undisturbed_pairs(first: Sequence[TimingStats], second: Sequence[TimingStats]) -> list[int]:
     """Indices ``r`` of the round pairs ``first[r]``, ``second[r]`` (two callables timed in turns,
     ``LocalExecutor._time``) to keep: both timed, and their ratio of medians within
-    ``DISTURBED_PAIR_SLACK`` of the median pair's (the lower median: a real pair, always kept).
+    ``DISTURBED_PAIR_SLACK`` of the median ratio (``median_ratio``: for an even count the
+    geometric mean of the middle two, so the window is the same whichever side is ``first``; the
+    lower middle one, used until session 19, kept a high ratio's round less readily than a low
+    one's). Where none lies that close (the middle two over 10% apart), the middle two.
 
     A slowdown of the whole host hits both rounds of a pair and leaves its ratio alone; one that
     hits one process only moves that pair's ratio, and the pair is left out. The median pair
@@ -94,8 +96,24 @@ def undisturbed_pairs(first: Sequence[TimingStats], second: Sequence[TimingStats
     if not timed:
         raise ValueError("no pair of timing rounds has samples on both sides")
     ratios = {r: first[r].median_us / second[r].median_us for r in timed}
-    typical = statistics.median_low(ratios.values())
-    return [r for r in timed if abs(math.log(ratios[r] / typical)) <= math.log1p(DISTURBED_PAIR_SLACK)]
+    typical = median_ratio(list(ratios.values()))
+    distance = {r: abs(math.log(ratios[r] / typical)) for r in timed}
+    nearest = min(distance.values())
+    return ([r for r in timed if distance[r] <= math.log1p(DISTURBED_PAIR_SLACK)]
+            or [r for r in timed if math.isclose(distance[r], nearest, rel_tol=1e-9)])  # the middle two, as far from it
+
+
+def median_ratio(ratios: Sequence[float]) -> float:
+    """The median of ratios, each side's figure over the other's: for an even count the geometric
+    mean of the middle two, so that the median of the inverted ratios is its inverse (the lower
+    middle one reads a few tenths of a percent low every time, with 32 rounds). A ratio may be 0
+    or infinite (a side that read 0 us): then the middle one that is not."""
+    ordered = sorted(ratios)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    low, high = ordered[middle - 1], ordered[middle]
+    return math.sqrt(low * high) if low > 0 and math.isfinite(high) else (low if low == 0 else high)
 
 
 def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET, keep: Sequence[int] | None = None,
@@ -135,7 +153,7 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
     dropped = sum(1 for i, r in enumerate(rounds) if r.samples_us and keep is not None and i not in keep and i not in set_aside)
     if dropped:
         flags.append(f"rounds_dropped={dropped}/{len(rounds)}: against the other side's rounds taken in turn with them, their"
-                     f" ratio lay over {DISTURBED_PAIR_SLACK:.0%} from the median pair's: the host slowed one side while they ran")
+                     f" ratio lay over {DISTURBED_PAIR_SLACK:.0%} from the median ratio: the host slowed one side while they ran")
     if not rse < rse_target:
         flags.append(f"rse_target_missed: {rse:.4f} >= {rse_target} after {len(samples)} samples in {len(kept)} rounds")
 
@@ -247,12 +265,7 @@ def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Seq
         ratios.append(math.inf if c.median_us <= 0 else b.median_us / c.median_us)
     if not ratios:
         raise ValueError("no pair of timing rounds has samples on both sides")
-    ratios.sort()
-    middle = len(ratios) // 2
-    if len(ratios) % 2:
-        return ratios[middle]
-    low, high = ratios[middle - 1], ratios[middle]
-    return math.sqrt(low * high) if low > 0 and math.isfinite(high) else (low if low == 0 else high)
+    return median_ratio(ratios)
 
 
 def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
