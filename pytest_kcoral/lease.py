@@ -287,14 +287,20 @@ class LeaseManager:
         path = self.lock_path(device)
         try:
             st = os.stat(path)
-            found = f"owned by uid {st.st_uid}, gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}"
+            found = f"the file is owned by uid {st.st_uid}, gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}"
+        except FileNotFoundError:
+            found = "the file does not exist and this account cannot create it"
+        except OSError as why:
+            found = f"the file cannot be examined ({why.strerror or why})"
+        try:
             directory = os.stat(self.lease_dir)
             sticky = " (sticky: another account's lock file there is refused, since its owner could replace it during a hold)" \
                 if directory.st_mode & stat.S_ISVTX else ""
-            where = f"the directory has mode {stat.S_IMODE(directory.st_mode):o}{sticky}"
-        except OSError:
-            found, where = "unreadable", "the directory cannot be read"
-        return (f"cannot lock {path} for {device.name} ({exc.strerror or exc}): the file is {found}; {where}. "
+            where = (f"the directory is owned by uid {directory.st_uid}, gid {directory.st_gid}, "
+                     f"mode {stat.S_IMODE(directory.st_mode):o}{sticky}")
+        except OSError as why:
+            where = f"the directory cannot be examined ({why.strerror or why})"
+        return (f"cannot lock {path} for {device.name} ({exc.strerror or exc}): {found}; {where}. "
                 "Accounts share leases through a group directory that is not sticky, each account in its group "
                 "(for example `install -d -m 2770 -g GROUP DIR`, then --kcoral-lease-dir DIR); lock files made "
                 "there before this version may need `chmod 660`")

@@ -644,7 +644,7 @@ class LocalExecutor:
         # outputs as the candidate's does, then drops them, since keeping them allocates between
         # timed calls and a small kernel's time follows where its outputs land.
         timed_alike = dict(self._time_fields(spec, ref, device), cpu=cpu)
-        first_sides = _first_sides(derive_seed(self.settings.seed, spec.nodeid, "turns"))
+        first_sides = self._first_sides(spec)
         pairs = [self._time_pair(candidate, baseline, ref, timed_alike, next(first_sides))]
         # A launch-bound chain runs at the speed of the process it runs in, and a process can sit
         # at a level 1.5x slower than another's for seconds (docs/performance.md, sessions 12 and
@@ -739,6 +739,11 @@ class LocalExecutor:
             one(r)
             other(r)
         return pair
+
+    def _first_sides(self, spec: ItemSpec) -> Iterator[str]:
+        """The side that goes first in each pair of processes' turns: ``_first_sides``, drawn
+        from the session seed and the item."""
+        return _first_sides(derive_seed(self.settings.seed, spec.nodeid, "turns"))
 
     def _process_pairs_for(self, pairs: list[combine.ProcessPair]) -> int:
         """How many pairs of processes the item is timed in, given those timed so far:

@@ -21,9 +21,11 @@ the first stage that fails and later stages' results are ignored.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +171,11 @@ class RemoteExecutor(LocalExecutor):
         """One timing round per side: a candidate program's commands are fixed before it is sent,
         and every trusted call is a program of its own."""
         return 1
+
+    def _first_sides(self, spec: ItemSpec) -> Iterator[str]:
+        """The candidate's, always: its program runs whole, timing included, before the
+        baseline's program is sent (``_run_stages``); the turns here only replay replies."""
+        return itertools.repeat("candidate")
 
     def _process_pairs_for(self, pairs: list[Any]) -> int:
         """One pair of programs, whatever ``--kcoral-process-pairs`` says: the server starts a

@@ -165,6 +165,8 @@ def test_remote_passing_candidate_runs_every_stage_on_the_server(make_case, run_
     # the timed outputs' reference
     assert [p["role"] for p in remote["programs"]] == ["trusted", "candidate", "baseline", "trusted", "trusted"]
     assert all(p["status"] == "COMPLETED" for p in remote["programs"])
+    # and the record says what ran first: the candidate's program, whatever a local item would draw
+    assert "first_in_turns=candidate: the side whose round came first in each pair of processes" in item["candidate_timing"]["flags"]
     # the server owns the leases: what it reports is what the item says (a CPU server holds none)
     assert item["lease_wait_ms"] == 0.0 and item["lease_held_ms"] == 0.0
     # the candidate's whole program runs in compile; the later phases replay its replies
