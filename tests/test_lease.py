@@ -415,12 +415,13 @@ ACCOUNT = textwrap.dedent(
     with tempfile.TemporaryDirectory() as warm:  # filelock imports some of its modules at first use
         with LeaseManager([device], Path(warm), 1.0).lease():
             pass
-    # another account, in the shared group, with the usual umask (without an explicit mode, lock
-    # files would be 0644 and the group could not lock them)
+    # another account, in the shared group, with a strict umask: without explicit modes the lock
+    # file would be 0600 (the group could not lock it) and so would the holder's sidecar (a waiter
+    # of another account could not say who held the device)
     os.setgroups([group])
     os.setgid(uid)
     os.setuid(uid)
-    os.umask(0o022)
+    os.umask(0o077)
     time.sleep(max(0.0, start_at - time.time()))
     report = {"uid": uid}
     try:
@@ -457,8 +458,8 @@ def _as_accounts(tmp_path: Path, lease_dir: Path, runs: list[tuple[int, int, flo
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as two accounts")
 def test_two_accounts_share_a_group_lease_directory(tmp_path: Path) -> None:
     """Two accounts in one group take turns on a device through a group directory (setgid, 2770):
-    the lock file the first one made is one the second can lock, whatever the first's umask, and
-    the second, timing out while the first holds it, names the holder from its sidecar."""
+    the lock file the first one made is one the second can lock, whatever the first's umask (077
+    here), and the second, timing out while the first holds it, names the holder from its sidecar."""
     group = 4170
     shared = Path(tempfile.mkdtemp(prefix="kcoral-shared-leases-", dir="/tmp"))
     try:
