@@ -150,21 +150,23 @@ def _print_pair_lean(items: list[dict]) -> None:
               f"geometric mean {statistics.geometric_mean(speedups):.4f}")
 
 
+def _flag(item: dict, name: str) -> str | None:
+    """The text after ``name=`` of the candidate's flag of that name, or None."""
+    return next((f.split("=", 1)[1] for f in item["candidate_timing"].get("flags", []) if f.startswith(f"{name}=")), None)
+
+
 def _flagged_pair_speedups(item: dict) -> list[float]:
     """The pairs' speedups as the ``median_pair=k/N: ... whose speedups were a, b, c: ...`` flag lists them."""
-    for flag in item["candidate_timing"].get("flags", []):
-        if flag.startswith("median_pair="):
-            listed = flag.split("whose speedups were ", 1)[1].split(":", 1)[0]
-            return [float(v) for v in listed.split(", ")]
-    return []
+    flag = _flag(item, "median_pair")
+    if flag is None:
+        return []
+    return [float(v) for v in flag.split("whose speedups were ", 1)[1].split(":", 1)[0].split(", ")]
 
 
 def _first_sides(item: dict) -> list[str]:
     """Each pair's first side in the turns, as the ``first_in_turns=baseline,candidate,...: ...`` flag lists them."""
-    for flag in item["candidate_timing"].get("flags", []):
-        if flag.startswith("first_in_turns="):
-            return flag.split("=", 1)[1].split(":", 1)[0].split(",")
-    return []
+    flag = _flag(item, "first_in_turns")
+    return [] if flag is None else flag.split(":", 1)[0].split(",")
 
 
 def _processes(side: dict) -> str:

@@ -702,13 +702,13 @@ class LocalExecutor:
                                   + _one_screen(problems), "baseline", case_failed=True)
 
     def _time_pair(self, candidate: Child, baseline: Child, ref: ReferenceData, timed_alike: dict[str, Any],
-                   first: str = "baseline") -> combine.ProcessPair:
+                   first: str) -> combine.ProcessPair:
         """One pair of processes' timing rounds. Baseline and candidate take turns in rounds,
         ordered ABBA ABBA..., ``first``'s round first, all under one lease: the host's speed
         drifts within seconds (a five-kernel softmax read 37 us and then 55 us in one process, see
         docs/performance.md), and a drift then hits both sides alike; a slowdown of one process
         alone moves its pair of rounds' ratio, and the pair is left out
-        (``timing.undisturbed_pairs``). Which side goes first is not neutral (``_first_sides``). The candidate
+        (``timing.undisturbed_pairs``). Which side goes first is not neutral (``_alternating_sides``). The candidate
         keeps timed outputs in every round; one of its fastest round's is checked against the
         reference, and others drawn from the session seed, so no round is safe to cheat in
         (``_timed_outputs_to_check``)."""
@@ -741,9 +741,9 @@ class LocalExecutor:
         return pair
 
     def _first_sides(self, spec: ItemSpec) -> Iterator[str]:
-        """The side that goes first in each pair of processes' turns: ``_first_sides``, drawn
-        from the session seed and the item."""
-        return _first_sides(derive_seed(self.settings.seed, spec.nodeid, "turns"))
+        """The side that goes first in each pair of processes' turns (``_alternating_sides``),
+        the first pair's drawn from the session seed and the item."""
+        return _alternating_sides(derive_seed(self.settings.seed, spec.nodeid, "turns"))
 
     def _process_pairs_for(self, pairs: list[combine.ProcessPair]) -> int:
         """How many pairs of processes the item is timed in, given those timed so far:
@@ -858,7 +858,7 @@ class LocalExecutor:
                               disqualifies=True)
 
 
-def _first_sides(seed: int) -> Iterator[str]:
+def _alternating_sides(seed: int) -> Iterator[str]:
     """The side whose round comes first in each pair of processes' turns (``_time_pair``): the
     first pair's drawn from ``seed`` (the session seed and the item), then alternating.
 

@@ -556,7 +556,7 @@ def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pa
     an item in N pairs of processes (auto: five for host-set items on a GPU, one otherwise). Each new
     candidate child loads the candidate and gets the correctness run, each new baseline child the
     same run, and the pairs take turns within themselves, the side that goes first alternating
-    from pair to pair (``pipeline._first_sides``)."""
+    from pair to pair (``pipeline._alternating_sides``)."""
     log = pytester.path / "calls.log"
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))), {"logged": LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))})
     run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "3").assert_outcomes(passed=1)

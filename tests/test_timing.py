@@ -483,11 +483,11 @@ def test_the_side_that_goes_first_alternates_between_pairs_of_processes():
     go first on either side about equally often."""
     from itertools import islice
 
-    from pytest_kcoral.pipeline import _first_sides, derive_seed
+    from pytest_kcoral.pipeline import _alternating_sides, derive_seed
 
-    assert list(islice(_first_sides(0), 5)) == ["baseline", "candidate", "baseline", "candidate", "baseline"]
-    assert list(islice(_first_sides(1), 3)) == ["candidate", "baseline", "candidate"]
-    firsts = [next(_first_sides(derive_seed(7, f"cases/x::y[{n}]", "turns"))) for n in range(200)]
+    assert list(islice(_alternating_sides(0), 5)) == ["baseline", "candidate", "baseline", "candidate", "baseline"]
+    assert list(islice(_alternating_sides(1), 3)) == ["candidate", "baseline", "candidate"]
+    firsts = [next(_alternating_sides(derive_seed(7, f"cases/x::y[{n}]", "turns"))) for n in range(200)]
     assert 70 <= firsts.count("baseline") <= 130
     pairs = [_pair([40.0] * 8, [40.0] * 8) for _ in range(3)]
     for pair, first in zip(pairs, ("candidate", "baseline", "candidate")):

@@ -98,9 +98,11 @@ def undisturbed_pairs(first: Sequence[TimingStats], second: Sequence[TimingStats
     ratios = {r: first[r].median_us / second[r].median_us for r in timed}
     typical = median_ratio(list(ratios.values()))
     distance = {r: abs(math.log(ratios[r] / typical)) for r in timed}
+    kept = [r for r in timed if distance[r] <= math.log1p(DISTURBED_PAIR_SLACK)]
+    if kept:
+        return kept
     nearest = min(distance.values())
-    return ([r for r in timed if distance[r] <= math.log1p(DISTURBED_PAIR_SLACK)]
-            or [r for r in timed if math.isclose(distance[r], nearest, rel_tol=1e-9)])  # the middle two, as far from it
+    return [r for r in timed if math.isclose(distance[r], nearest, rel_tol=1e-9)]  # the middle two, as far from it
 
 
 def median_ratio(ratios: Sequence[float]) -> float:
@@ -356,5 +358,5 @@ def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
 
 def _turns_flag(pairs: Sequence[ProcessPair]) -> str:
     """Which side's round came first in each pair's turns: going first is not neutral, so the
-    grader alternates it (``pipeline._first_sides``) and the record says how it went."""
+    grader alternates it (``pipeline._alternating_sides``) and the record says how it went."""
     return f"first_in_turns={','.join(p.first for p in pairs)}: the side whose round came first in each pair of processes"
