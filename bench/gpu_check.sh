@@ -11,7 +11,8 @@
 # two GPUs; ~9 min: a call of its own), drift (the short-kernel cases with 1 and 2 workers at the
 # default budget, ~2 min).
 # pytest gets SIGINT at its time limit, so it still prints which tests failed and why.
-# No part named: tests (one call's worth; attacks is the next call).
+# No part named: tests (one call's worth; attacks is the next call). Logs and JSON artifacts land in
+# the given folder.
 set -uo pipefail
 out=${1:-/tmp/kcoral-gpu-check}
 shift || true
@@ -30,11 +31,11 @@ for part in $parts; do
     case $part in
     tests)  # timing and pipeline on a GPU
         timeout -s INT -k 20 400 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --tb=short --durations=8 > "$out/gpu_tests.log" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed|^[0-9.]+s call" "$out/gpu_tests.log" | tail -n 16 ;;
+        grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt|^[0-9.]+s call" "$out/gpu_tests.log" | tail -n 16 ;;
     attacks)  # the GPU-only attacks (and the tamper check on CUDA)
         timeout -s INT -k 20 400 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
             --durations=8 > "$out/gpu_attacks.log" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed|^[0-9.]+s call" "$out/gpu_attacks.log" | tail -n 12 ;;
+        grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt|^[0-9.]+s call" "$out/gpu_attacks.log" | tail -n 12 ;;
     noise)  # the same kernels in fresh processes, twice each (issue 7)
         timeout 100 python3 bench/process_noise.py --processes 4 > "$out/process_noise.log" 2>&1
         cat "$out/process_noise.log" ;;
