@@ -477,7 +477,7 @@ def test_one_pair_of_processes_combines_as_its_rounds_do():
 
 
 def test_the_side_that_goes_first_alternates_between_pairs_of_processes():
-    """Going first in the turns is not neutral (docs/performance.md, session 19): the first
+    """Going first in the turns need not be neutral (docs/performance.md, sessions 19 and 20): the first
     pair's first side is drawn from the item's seed, and the pairs after it alternate, so an
     item timed in five pairs has three one way and two the other, and items timed in one pair
     go first on either side about equally often."""
