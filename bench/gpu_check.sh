@@ -27,15 +27,19 @@ nvidia-smi -L | tee "$out/machine.log"
     echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
 } 2>&1 | tee -a "$out/machine.log"
 
+pytest_summary() {  # what failed, the counts, the slowest tests, and whether the time limit cut the run
+    grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt|^[0-9.]+s call" "$1" | tail -n 16
+}
+
 for part in $parts; do
     case $part in
     tests)  # timing and pipeline on a GPU
         timeout -s INT -k 20 400 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --tb=short --durations=8 > "$out/gpu_tests.log" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt|^[0-9.]+s call" "$out/gpu_tests.log" | tail -n 16 ;;
+        pytest_summary "$out/gpu_tests.log" ;;
     attacks)  # the GPU-only attacks (and the tamper check on CUDA)
         timeout -s INT -k 20 400 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
             --durations=8 > "$out/gpu_attacks.log" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt|^[0-9.]+s call" "$out/gpu_attacks.log" | tail -n 12 ;;
+        pytest_summary "$out/gpu_attacks.log" ;;
     noise)  # the same kernels in fresh processes, twice each (issue 7)
         timeout 100 python3 bench/process_noise.py --processes 4 > "$out/process_noise.log" 2>&1
         cat "$out/process_noise.log" ;;

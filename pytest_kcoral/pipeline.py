@@ -708,7 +708,7 @@ class LocalExecutor:
         drifts within seconds (a five-kernel softmax read 37 us and then 55 us in one process, see
         docs/performance.md), and a drift then hits both sides alike; a slowdown of one process
         alone moves its pair of rounds' ratio, and the pair is left out
-        (``timing.undisturbed_pairs``). Which side goes first is not neutral (``_alternating_sides``). The candidate
+        (``timing.undisturbed_pairs``). Which side goes first need not be neutral (``_alternating_sides``). The candidate
         keeps timed outputs in every round; one of its fastest round's is checked against the
         reference, and others drawn from the session seed, so no round is safe to cheat in
         (``_timed_outputs_to_check``)."""

@@ -357,6 +357,6 @@ def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
 
 
 def _turns_flag(pairs: Sequence[ProcessPair]) -> str:
-    """Which side's round came first in each pair's turns: going first is not neutral, so the
+    """Which side's round came first in each pair's turns: going first need not be neutral, so the
     grader alternates it (``pipeline._alternating_sides``) and the record says how it went."""
     return f"first_in_turns={','.join(p.first for p in pairs)}: the side whose round came first in each pair of processes"
