@@ -48,7 +48,10 @@ class CaseRuntime:
         torch.manual_seed(seed)  # seeds every device's generator
         if self.format == KERNELBENCH:
             self.set_globals(shape)
-            values = self._entry_points["get_inputs"]()
+            # the item's device as the default: get_inputs()'s draws happen there, not on the host
+            # and then copied (seconds a call for KernelBench's own sizes)
+            with torch.device(self.device):
+                values = self._entry_points["get_inputs"]()
             return tuple(v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values)
         if self.format == KCORAL_BENCH:
             # KCoral's make_inputs(case) takes no device: the item's device is made the default.
@@ -176,8 +179,7 @@ class CandidateRuntime:
                 raise CandidateError(f"{self.path}: a KernelBench candidate must define class ModelNew")
             self.entry = "ModelNew"
             self._model_class = model_class
-            # build now: constructors compile extensions, and that belongs to the compile stage
-            case.bind_model(model_class, shape, ())
+            self.build_for(shape)
         elif callable(getattr(self.module, "prepare", None)):
             self.entry = "prepare"
         elif callable(getattr(self.module, "run", None)):
@@ -186,6 +188,12 @@ class CandidateRuntime:
             self.entry = "custom_kernel"  # a GPU MODE submission
         else:
             raise CandidateError(f"{self.path}: defines none of run(*inputs), prepare(*inputs) or custom_kernel(data)")
+
+    def build_for(self, shape: dict[str, Any]) -> None:
+        """What the candidate builds for a shape before its first call (a KernelBench ``ModelNew``):
+        constructors compile extensions, and that belongs to the compile stage."""
+        if self.entry == "ModelNew":
+            self.case.bind_model(self._model_class, shape, ())
 
     def bind(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
         if self.entry == "ModelNew":

@@ -341,9 +341,17 @@ class _Runner:
     # -- candidate role ---------------------------------------------------------------------
 
     def _cmd_load_candidate(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+        """Import the candidate, or, in a kept child that already holds it (``pipeline`` keeps a
+        candidate's child across its items), build it for the next item's shape: the audits'
+        snapshots stay those taken before its first import."""
         self._require(CANDIDATE)
         from pytest_kcoral.case_runtime import CandidateRuntime
 
+        if isinstance(self.candidate, CandidateRuntime) and str(self.candidate.path) == header["path"]:
+            self.candidate.build_for(header["shape"])
+            return {"entry": self.candidate.entry, "kept": True}, None
+        if self.candidate is not None:
+            raise RuntimeError(f"this child holds {self.candidate.path}, not {header['path']}")
         self.baseline = leftovers.Baseline.take()
         self.snapshot = tamper.Snapshot.take()
         self.candidate = CandidateRuntime(header["path"], self.case, header["shape"])
@@ -351,13 +359,14 @@ class _Runner:
 
     def _cmd_finish(self, _header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         """The parent's last word with a child for an item: the audit runs after it, as after any
-        command. The item's timing sets go: a kept baseline child then draws new sets and
-        placements for its next item, as a candidate's fresh child does, and holds no device
-        memory while idle."""
+        command. The item's timing sets go: a kept child (the case's baseline child, a candidate's
+        child kept for its next item) then draws new sets and placements for its next item, and
+        holds no device memory and no queued work while it waits."""
         self._timing_sets = None
-        if self.role == BASELINE and str(self.device).startswith("cuda"):
+        if str(self.device).startswith("cuda"):
             import torch
 
+            torch.cuda.synchronize()
             torch.cuda.empty_cache()
         return {}, None
 

@@ -310,6 +310,8 @@ class Child:
         self._seq = 0
         self._nonce = 0
         self.last_call_s = 0.0  # the parent's own clock around the last command
+        self.paused = False
+        self.items_served = 0  # items this child ran a candidate for (``kept_children``)
         try:
             self.process.start()
         finally:
@@ -409,6 +411,31 @@ class Child:
             kind = "exit"
         raise ChildFailure(kind, self.phase, message, self.output())
 
+    def pause(self) -> None:
+        """Stop the child and everything in its process group (SIGSTOP), so a kept child runs
+        nothing while other items hold the device: it cannot launch work or take a core."""
+        self._signal_group(signal.SIGSTOP)
+        self.paused = True
+        # a signal is delivered in its own time: wait until the child is stopped, so that it is
+        # before the caller gives the device back
+        if self.process.pid is not None:
+            leftovers.wait_stopped(self.process.pid, timeout_s=2.0)
+
+    def resume(self) -> bool:
+        """Continue a paused child; False when it is no longer alive (killed while kept)."""
+        self._signal_group(signal.SIGCONT)
+        self.paused = False
+        return self.process.exitcode is None
+
+    def _signal_group(self, signum: int) -> None:
+        pid = self.process.pid
+        if pid is None:
+            return
+        try:
+            os.killpg(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def output(self) -> str:
         self.drain.join(0.5)  # let the drain catch up with what the child wrote before dying
         return self.drain.text()
@@ -437,6 +464,8 @@ class Child:
         if self._closed:
             return
         self._closed = True
+        if self.paused:  # a stopped child would not read the exit command
+            self.resume()
         if self.process.exitcode is None:
             try:
                 protocol.send(self.conn, {"cmd": "exit"})

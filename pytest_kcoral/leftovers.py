@@ -80,6 +80,17 @@ def is_alive(pid: int) -> bool:
     return _state_of(pid) not in ("?", "Z", "X")
 
 
+def wait_stopped(pid: int, timeout_s: float) -> bool:
+    """Wait until ``pid`` is stopped by a signal (or gone); False if it is still running after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while _state_of(pid) not in ("T", "t", "?", "Z", "X"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+    return True
+
+
 def carrying(marker: bytes) -> list[int]:
     """Processes of this user whose environment holds ``marker`` (``NAME=value``): every process a
     child started inherits its environment, also one that left its process tree."""

@@ -59,6 +59,9 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Run each candidate's correctness inputs under compute-sanitizer; findings fail the item")
     group.addoption("--kcoral-timing-budget", type=float, default=None, metavar="S",
                     help="Seconds of timed samples per callable (default 1.0 on a GPU, 0.2 on a CPU)")
+    group.addoption("--kcoral-precision", default="1%", metavar="PCT|off",
+                    help="Stop timing an item once its speedup's 95%% confidence interval lies within +-PCT (default 1%%);"
+                         " the timing budget caps it; off: always spend the budget")
     group.addoption("--kcoral-process-pairs", default="auto", metavar="auto|N",
                     help="Pairs of fresh processes (baseline's, candidate's) an item is timed in, the median pair's speedup"
                          " kept: auto = one, and 5 for an item the host's speed sets (~); N = N for every item")
@@ -73,7 +76,21 @@ MAX_PROCESS_PAIRS = 8  # each pair costs two process starts and a timing budget:
 # for a host-set item under --kcoral-process-pairs auto: on an H200, the median of 5 pairs read identical
 # code within 2% in every ordering of 14 host-set items' pairs, the median of 3 in 97% (docs/performance.md, session 16)
 AUTO_PROCESS_PAIRS = 5
+DEFAULT_PRECISION = 0.01
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: larger waits overflow the timers they reach
+
+
+def _parse_precision(text: str) -> float | None:
+    """``--kcoral-precision``: ``1%``, ``0.5%`` or ``off``; a plain number is a percentage too."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text.strip().rstrip("%")) / 100
+    except ValueError:
+        value = math.nan
+    if not (0 < value < 1):
+        raise pytest.UsageError(f"--kcoral-precision must be a percentage above 0 and below 100 (e.g. 1%) or off, not {text!r}")
+    return value
 
 
 def _check_seconds(opt: Callable[[str], Any], option: str, zero_ok: bool = False) -> None:
@@ -125,6 +142,9 @@ class Settings:
     # --kcoral-process-pairs: None (auto) times an item in one pair of processes, and a host-set
     # one in AUTO_PROCESS_PAIRS; N, every item in N (``LocalExecutor._process_pairs_for``)
     process_pairs: int | None = None
+    # --kcoral-precision: the half-width, relative, of the speedup's interval at which timing
+    # stops (0.01 for 1%); None: off, every item spends its timing budget
+    precision: float | None = DEFAULT_PRECISION
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -169,6 +189,7 @@ class Settings:
         process_pairs = str(opt("kcoral_process_pairs"))
         if process_pairs != "auto" and not (process_pairs.isdigit() and 1 <= int(process_pairs) <= MAX_PROCESS_PAIRS):
             raise pytest.UsageError(f"--kcoral-process-pairs must be auto or a number from 1 to {MAX_PROCESS_PAIRS}, not {process_pairs!r}")
+        precision = _parse_precision(str(opt("kcoral_precision")))
         return cls(
             mode=opt("kcoral_mode"),
             submissions=submissions,
@@ -193,4 +214,5 @@ class Settings:
             sanitizer=opt("kcoral_sanitizer"),
             cpu_threads=cpu_threads,
             process_pairs=None if process_pairs == "auto" else int(process_pairs),
+            precision=precision,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import math
 import os
 import random
 import re
@@ -28,6 +29,7 @@ from pytest_kcoral.child import BASELINE as BASELINE_ROLE
 from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.isolation import Child, ChildFailure
+from pytest_kcoral.kept_children import KeptCandidates
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS, Settings
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult, TimingStats
 from pytest_kcoral.timing import combine, pinning
@@ -61,6 +63,29 @@ def timing_rounds(device_kind: str, item_bytes: int, budget_s: float) -> int:
     if device_kind == "cpu" or item_bytes > GPU_SHORT_ROUNDS_MAX_BYTES:
         return TIMING_ROUNDS
     return max(TIMING_ROUNDS, min(GPU_MAX_ROUNDS, round(budget_s / GPU_ROUND_S)))
+
+
+# Fewest pairs of rounds before timing may stop at the precision target: a distribution-free 95%
+# interval of a median needs six values (their extremes, 96.9%).
+MIN_ROUND_PAIRS = 6
+INTERVAL_LEVEL = 0.95
+
+
+def median_interval(values: list[float], level: float = INTERVAL_LEVEL) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of ``values`` at ``level`` (order statistics:
+    the k-th smallest and largest, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2);
+    None when there are too few values for one."""
+    n = len(values)
+    tail, k = 0.0, 0
+    while True:
+        tail += math.comb(n, k) / 2**n
+        if tail > (1 - level) / 2:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
 
 
 # Trusted children, and baseline children, kept alive per worker (one per case each, least
@@ -190,6 +215,7 @@ class LocalExecutor:
         self._trusted: dict[tuple[str, str], Child] = {}
         self._baselines: dict[tuple[str, str], Child] = {}  # see ``_baseline_child``
         self._costs: dict[tuple, tuple[dict | None, dict | None]] = {}  # see ``_cost``
+        self._kept_candidates = KeptCandidates()  # see ``_candidate_child``
         # --kcoral-ncu / --kcoral-sanitizer (SPEC section 8); the plugin checked the tools exist
         self.diagnostics = Diagnostics.from_settings(settings, self._child_env())
 
@@ -297,9 +323,10 @@ class LocalExecutor:
         case, shape = spec.case, spec.shape
         tol = correctness.Tolerance(case.atol, case.rtol, strict=self.settings.tolerance == "strict")
         with contextlib.ExitStack() as stack:
+            candidate: Child | None = None
             try:
                 with timed_phase(result, "compile"):
-                    candidate = self._candidate_child(spec, stack, deadline)
+                    candidate = self._candidate_child(spec, stack, deadline, reuse=True)
                 # before any candidate code of the item runs (see ``_baseline_child``); starting it
                 # is the case's work, not the item's: the item's deadline moves by what it took
                 baseline_started = time.monotonic()
@@ -311,6 +338,9 @@ class LocalExecutor:
             except StageFailed:
                 self._record_baseline_only(spec, result, tol)
                 raise
+            finally:
+                if candidate is not None:  # which process ran the candidate, its how-manieth item there
+                    result.extra["candidate_process"] = {"pid": candidate.pid, "item": candidate.items_served}
             result.compiled = True
 
             lease = stack.enter_context(self._lease(spec, result))
@@ -318,11 +348,12 @@ class LocalExecutor:
             # --kcoral-lease-timeout, so an item queued behind a hung one keeps its full budget
             deadline += lease.wait_ms / 1000.0
             candidate.deadline = deadline
-            # the candidate's process ends before the device is given back: nothing it left
-            # running (a thread, a kernel queue) may overlap the next holder's measurements; then
+            # the candidate's process ends, or is paused to be kept, before the device is given
+            # back: nothing it left running may overlap the next holder's measurements; then
             # the kept children it may have stopped run again (callbacks run last-in, first-out)
             stack.callback(self._resume_kept_children)
-            stack.callback(candidate.close)
+            passed: list[bool] = []  # set once the item's last command came back: the child may be kept
+            stack.callback(self._keep_or_close_candidate, spec, candidate, passed)
             if isinstance(baseline, Child):
                 baseline.deadline = deadline
             device = result.device or "cpu"
@@ -348,17 +379,41 @@ class LocalExecutor:
             # the last word: the child's audit runs once more, and a reply left over in the
             # channel (a forged one answered a command before the genuine one) shows here
             self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
+            passed.append(True)
 
-    def _candidate_child(self, spec: ItemSpec, stack: contextlib.ExitStack, deadline: float) -> Child:
-        """The candidate's fresh child, started and holding the case. Nothing of the candidate has
-        run yet (``load_candidate`` comes next): a failure here is the case's (one that crashes or
-        hangs at import in a child only), and the message says so."""
-        self._require_case_as_collected(spec.case, "compile", "startup")
-        try:
-            return stack.enter_context(Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox))
-        except ChildFailure as failure:
-            self._skip_if_case_needs_cuda(failure)
-            raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase, case_failed=True) from None
+    def _candidate_child(self, spec: ItemSpec, stack: contextlib.ExitStack, deadline: float, reuse: bool = False) -> Child:
+        """The candidate's child, holding the case; closed when ``stack`` unwinds unless it was kept
+        meanwhile (``_keep_or_close_candidate``). With ``reuse``, the child the candidate's last
+        passed item of this case left (``kept_children``), which holds the candidate already.
+        Otherwise a fresh one, in which nothing of the candidate has run yet (``load_candidate``
+        comes next): a failure here is the case's (one that crashes or hangs at import in a child
+        only), and the message says so."""
+        child = self._kept_candidates.take(_candidate_key(spec)) if reuse else None
+        if child is None:
+            self._require_case_as_collected(spec.case, "compile", "startup")
+            try:
+                child = Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox)
+            except ChildFailure as failure:
+                self._skip_if_case_needs_cuda(failure)
+                raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase,
+                                  case_failed=True) from None
+        child.deadline = deadline
+        child.items_served += 1
+        stack.callback(self._close_unless_kept, child)
+        return child
+
+    def _keep_or_close_candidate(self, spec: ItemSpec, child: Child, passed: list[bool]) -> None:
+        """At the end of an item, before the device is given back: a child whose item passed is
+        paused and kept for the candidate's next item; any other is closed, so nothing it left
+        running overlaps the next holder's measurements."""
+        if passed and child.process.exitcode is None:
+            self._kept_candidates.keep(_candidate_key(spec), child)
+        else:
+            child.close()
+
+    def _close_unless_kept(self, child: Child) -> None:
+        if not self._kept_candidates.holds(child):
+            child.close()
 
     def _baseline_child(self, case: Case) -> Child | StageFailed:
         """The case's baseline child, which times the baseline the way a candidate's child times
@@ -541,6 +596,7 @@ class LocalExecutor:
     def close(self) -> None:
         """End the trusted and baseline children (the session is over), and whatever any child
         left running outside its tree (``isolation.sweep_session_processes``)."""
+        self._kept_candidates.close()
         for kept in (self._trusted, self._baselines):
             while kept:
                 kept.popitem()[1].close()
@@ -665,6 +721,10 @@ class LocalExecutor:
         all_cand = [r for pair in pairs for r in pair.candidate]
         # time outside the windows is judged between rounds taken in turns, in every pair
         timing.charge_outside_work(all_base, all_cand, candidate_stats, keep=combine.rounds_in_turns(pairs))
+        if self.settings.precision is not None:
+            taken = ", ".join(str(len(p.candidate)) for p in pairs)
+            candidate_stats.flags.append(f"precision_target={self.settings.precision:.2%}: pairs of rounds taken per pair of processes"
+                                         f" {taken} of at most {self._timing_rounds(ref)}")
         result.baseline_timing = baseline_stats.to_dict()
         result.candidate_timing = candidate_stats.to_dict()
         result.t_baseline_us = baseline_stats.median_us
@@ -738,7 +798,24 @@ class LocalExecutor:
             one, other = (leads, follows) if r % 2 == 0 else (follows, leads)
             one(r)
             other(r)
+            if self._precise_enough(pair):
+                break
         return pair
+
+    def _precise_enough(self, pair: combine.ProcessPair) -> bool:
+        """Whether the pair's rounds so far pin its speedup down to ``--kcoral-precision``: the 95%
+        interval of the median of the rounds' ratios lies within it. Checked after an even number
+        of round pairs only, so that each side went first equally often."""
+        precision = self.settings.precision
+        taken = len(pair.candidate)
+        if precision is None or taken < MIN_ROUND_PAIRS or taken % 2:
+            return False
+        ratios = combine.round_ratios(pair.baseline, pair.candidate)
+        interval = median_interval(ratios)
+        if interval is None or len(ratios) < taken:
+            return False
+        centre = combine.median_ratio(ratios)
+        return centre * (1 - precision) <= interval[0] and interval[1] <= centre * (1 + precision)
 
     def _first_sides(self, spec: ItemSpec) -> Iterator[str]:
         """The side that goes first in each pair of processes' turns (``_alternating_sides``),
@@ -872,6 +949,11 @@ def _alternating_sides(seed: int) -> Iterator[str]:
     in one pair."""
     sides = combine.SIDES if seed % 2 == 0 else combine.SIDES[::-1]
     return itertools.cycle(sides)
+
+
+def _candidate_key(spec: ItemSpec) -> tuple[str, str, str]:
+    """Which kept child an item may reuse: one of the same case (as collected) and candidate file."""
+    return spec.case.case_id, spec.case.content_hash, str(spec.candidate.path)
 
 
 def _keep(kept: dict[tuple[str, str], Child], key: tuple[str, str], child: Child) -> Child:

@@ -9,10 +9,22 @@ from pathlib import Path
 import pytest
 from kernels import triton_add
 
-from pytest_kcoral.pipeline import GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, TIMING_ROUNDS, timing_rounds
+from pytest_kcoral.pipeline import (GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS, median_interval,
+                                    timing_rounds)
 from pytest_kcoral.results import CASE_FAILED_PREFIX
 
 GOOD = "def run(a, b):\n    return a + b\n"
+
+VECTOR_ADD_ONE_SHAPE = """
+import torch
+SEEN = [{"n": 256}]
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+"""
 
 TRITON_COMPILE_ERROR = """
 import torch
@@ -487,7 +499,8 @@ def _logged_calls(path: Path) -> list[tuple[int, str, int, str]]:
 def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_kcoral, pytester):
     log = repr(str(pytester.path / "calls.log"))
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", log), {"logged": LOGGING_CANDIDATE.replace("__LOG__", log)})
-    run_kcoral("--kcoral-json", "out.json").assert_outcomes(passed=1)
+    # every round: no stop at a precision target
+    run_kcoral("--kcoral-json", "out.json", "--kcoral-precision", "off").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["baseline_timing"]["rounds"] == item["candidate_timing"]["rounds"] == TIMING_ROUNDS
     # a CPU's wall clock is not the host's speed setting a GPU's (``host_set_side``): one pair of processes
@@ -539,7 +552,7 @@ def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_wa
     trusted = {pid for _, who, pid, _ in calls if who == "R"}  # the reference runs only there
     candidates = [pid for _, who, pid, _ in calls if who == "C"]
     timing = {pid for _, who, pid, _ in calls if who == "B"} - trusted
-    assert len(trusted) == 1 and len(set(candidates)) == 2
+    assert len(trusted) == 1 and len(set(candidates)) == 1  # the candidate's child is kept for its second item
     (baseline,) = timing  # neither side's process, and kept for the case's second item
     assert baseline not in candidates
     # each item: the candidate's first correctness input, then the baseline child's, the same
@@ -688,3 +701,32 @@ def test_a_prepare_that_returns_no_callable_fails_the_compile_stage(make_case, r
     assert item["stage"] == "compile" and item["compiled"] is False, item
     (pair,) = json.loads((pytester.path / "out.json").read_text())["candidates"]
     assert pair["compiled"] is False and pair["aka_score"] == 0
+
+
+def test_timing_stops_once_the_speedup_is_as_precise_as_asked(make_case, run_kcoral, pytester):
+    # identical code on both sides: within 90% at once, even on a loaded machine, so timing stops
+    # at the fewest pairs of rounds that give a 95% interval (six); off, it takes every round
+    make_case("cases/add", VECTOR_ADD_ONE_SHAPE, {"same": GOOD})
+    run_kcoral("--kcoral-json", "loose.json", "--kcoral-precision", "90%", "--kcoral-timing-budget", "0.2").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "loose.json").read_text())["items"]
+    assert item["candidate_timing"]["rounds"] == item["baseline_timing"]["rounds"] == MIN_ROUND_PAIRS
+    assert any(f.startswith("precision_target=90.00%: pairs of rounds taken per pair of processes 6 of at most 8")
+               for f in item["candidate_timing"]["flags"])
+    run_kcoral("--kcoral-json", "off.json", "--kcoral-precision", "off").assert_outcomes(passed=1)
+    (item,) = json.loads((pytester.path / "off.json").read_text())["items"]
+    assert item["candidate_timing"]["rounds"] == TIMING_ROUNDS
+    assert not any(f.startswith("precision_target") for f in item["candidate_timing"]["flags"])
+
+
+@pytest.mark.parametrize("value", ["0", "100%", "-1%", "loose"])
+def test_precision_must_be_a_percentage_or_off(make_case, run_kcoral, value):
+    make_case("cases/add")
+    result = run_kcoral(f"--kcoral-precision={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--kcoral-precision must be a percentage above 0 and below 100*{value}*"])
+
+
+def test_a_distribution_free_interval_of_a_median_needs_six_values():
+    assert median_interval([1.0] * 5) is None
+    assert median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0)  # the extremes: 96.9%
+    assert median_interval([float(v) for v in range(1, 21)]) == (6.0, 15.0)  # k = 6 for n = 20 at 95%

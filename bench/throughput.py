@@ -1,0 +1,89 @@
+"""Throughput: grade the bundled cases' self-speedup suite under several settings, side by side.
+
+Each configuration grades every bundled case with a candidate identical to its baseline (as
+``bench/self_speedup.py`` does), one configuration after the other in one run, and the table
+says, per configuration: items per second, each item's wall time (mean and median of the JSON's
+``duration_s``), the median of each phase, and the self-speedup precision (the share within
+[0.98, 1.02] and the count outside [0.95, 1.05]).
+
+    python bench/throughput.py --config new= --config fixed=--kcoral-precision=off
+    python bench/throughput.py --config old@.oldtree= --config new=    # .oldtree: an older pytest_kcoral
+
+``NAME=ARGS`` adds a configuration whose extra pytest arguments are ARGS (space-separated);
+``NAME@DIR=ARGS`` grades it with the ``pytest_kcoral`` package found in DIR (put first on
+``PYTHONPATH``), e.g. an older commit's, extracted by ``git archive OLD pytest_kcoral | tar -x -C DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from _grade import ROOT, grade, graded_items
+from self_speedup import write_submissions
+
+PHASES = ("compile", "reference", "correctness", "timing", "verify")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", action="append", required=True, metavar="NAME[@DIR]=ARGS")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="grade each configuration this many times, in turns")
+    parser.add_argument("pytest_args", nargs="*", default=[])
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="kcoral-throughput-"))
+    subs = out / "subs"
+    if not subs.exists():
+        write_submissions(ROOT / "cases", subs)
+    configs = [_parse(text) for text in args.config]
+    rows = []
+    for turn in range(args.repeat):
+        for name, tree, extra in configs:
+            env_path = os.environ.get("PYTHONPATH")
+            if tree:
+                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), env_path]))
+            try:
+                wall_s, doc = grade(["cases", "--kcoral-submissions", str(subs), "-k", "self", *extra, *args.pytest_args],
+                                    out / f"{name}-{turn}.json", log=out / f"{name}-{turn}.log")
+            finally:
+                if env_path is None:
+                    os.environ.pop("PYTHONPATH", None)
+                else:
+                    os.environ["PYTHONPATH"] = env_path
+            rows.append(_row(f"{name} #{turn + 1}", wall_s, doc))
+    print("| config | items | wall s | items/s | per item mean s | per item median s | "
+          + " | ".join(f"{p} ms" for p in PHASES) + " | within 2% | outside 5% | failed |")
+    print("|---" * (10 + len(PHASES)) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print(f"\nJSON and logs: {out}")
+
+
+def _parse(text: str) -> tuple[str, str | None, list[str]]:
+    head, _, extra = text.partition("=")
+    name, _, tree = head.partition("@")
+    return name, tree or None, extra.split()
+
+
+def _row(label: str, wall_s: float, doc: dict) -> list[str]:
+    items = [i for i in graded_items(doc) if i["candidate"] == "self"]
+    durations = [i["duration_s"] for i in items]
+    speedups = [i["speedup"] for i in items if i.get("speedup")]
+    failed = sum(i["outcome"] != "passed" for i in items)
+    phases = []
+    for phase in PHASES:
+        values = [i["phases_ms"][phase] for i in items if phase in (i.get("phases_ms") or {})]
+        phases.append(f"{statistics.median(values):.0f}" if values else "-")
+    within = sum(0.98 <= s <= 1.02 for s in speedups)
+    outside = sum(not 0.95 <= s <= 1.05 for s in speedups)
+    return [label, str(len(items)), f"{wall_s:.0f}", f"{len(items) / wall_s:.3f}",
+            f"{statistics.mean(durations):.2f}" if durations else "-", f"{statistics.median(durations):.2f}" if durations else "-",
+            *phases, f"{within}/{len(speedups)}", str(outside), str(failed)]
+
+
+if __name__ == "__main__":
+    main()
