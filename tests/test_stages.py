@@ -15,15 +15,16 @@ from pytest_kcoral.results import CASE_FAILED_PREFIX
 
 GOOD = "def run(a, b):\n    return a + b\n"
 
-VECTOR_ADD_ONE_SHAPE = """
+# a call long enough (about 0.1 ms) that a loaded CPU's noise stays within tens of percent
+MATMUL_ONE_SHAPE = """
 import torch
-SEEN = [{"n": 256}]
+SEEN = [{"n": 128}]
 
 def make_inputs(shape, device):
-    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+    return torch.randn(shape["n"], shape["n"], device=device), torch.randn(shape["n"], shape["n"], device=device)
 
 def reference(a, b):
-    return a + b
+    return a @ b
 """
 
 TRITON_COMPILE_ERROR = """
@@ -706,7 +707,7 @@ def test_a_prepare_that_returns_no_callable_fails_the_compile_stage(make_case, r
 def test_timing_stops_once_the_speedup_is_as_precise_as_asked(make_case, run_kcoral, pytester):
     # identical code on both sides: within 90% at once, even on a loaded machine, so timing stops
     # at the fewest pairs of rounds that give a 95% interval (six); off, it takes every round
-    make_case("cases/add", VECTOR_ADD_ONE_SHAPE, {"same": GOOD})
+    make_case("cases/mm", MATMUL_ONE_SHAPE, {"same": "def run(a, b):\n    return a @ b\n"})
     run_kcoral("--kcoral-json", "loose.json", "--kcoral-precision", "90%", "--kcoral-timing-budget", "0.2").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "loose.json").read_text())["items"]
     assert item["candidate_timing"]["rounds"] == item["baseline_timing"]["rounds"] == MIN_ROUND_PAIRS
