@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
 
-from pytest_kcoral import correctness, cpu_share, isolation, speed_of_light, static_report, timing
+from pytest_kcoral import correctness, cpu_share, isolation, speed_of_light, speedup_interval, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape, changed_case_files
 from pytest_kcoral.child import BASELINE as BASELINE_ROLE
@@ -671,6 +671,7 @@ class LocalExecutor:
         result.t_candidate_us = candidate_stats.median_us
         result.timer = candidate_stats.method
         result.speedup = combine.item_speedup(pairs, baseline_stats, candidate_stats)
+        speedup_interval.record_interval(result, pairs, candidate_stats, spec.candidate.path, self.device_kind)
         # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
         result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
         checked = _timed_outputs_to_check(all_cand, [v for pair in pairs for v in pair.verify], combine.kept_rounds(pairs, "candidate"),

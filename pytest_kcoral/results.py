@@ -89,6 +89,12 @@ class ItemResult:
     # t_baseline / t_candidate, read pair by pair of rounds taken in turns (``combine.item_speedup``),
     # only between like timing methods
     speedup: float | None = None
+    # its confidence interval [low, high] at ``speedup_ci_level`` (``speedup_interval.item_interval``);
+    # None without a speedup or with too few timing rounds
+    speedup_ci: list[float] | None = None
+    speedup_ci_level: float | None = None
+    noisy: bool = False  # the interval is wide, or missing beside a speedup (``speedup_interval.judge_noise``)
+    noisy_reason: str | None = None  # one line: how wide, and what in the record made it so
     timer: str | None = None  # method of the candidate's timing
     baseline_timing: dict[str, Any] | None = None  # TimingStats.to_dict()
     candidate_timing: dict[str, Any] | None = None

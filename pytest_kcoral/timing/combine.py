@@ -260,14 +260,22 @@ def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Seq
     slow on the candidate's side; this median, over the same rounds, 1.3% and 0.2-0.4%
     (docs/performance.md, session 17). The middle of an even count is not the lower one: the
     lower middle of 32 ratios reads a few tenths of a percent low every time."""
+    ratios = round_ratios(baseline_rounds, candidate_rounds)
+    if not ratios:
+        raise ValueError("no pair of timing rounds has samples on both sides")
+    return median_ratio(ratios)
+
+
+def round_ratios(baseline_rounds: Sequence[TimingStats], candidate_rounds: Sequence[TimingStats]) -> list[float]:
+    """The ratios ``paired_speedup`` takes the median of, in time order: per pair of rounds taken in
+    turns (both with samples), the baseline round's median over the candidate round's (infinite
+    where the candidate's read 0 us). ``speedup_interval`` reads the speedup's interval from them."""
     ratios: list[float] = []
     for b, c in zip(baseline_rounds, candidate_rounds):
         if not (b.samples_us and c.samples_us) or (b.median_us <= 0 and c.median_us <= 0):
             continue
         ratios.append(math.inf if c.median_us <= 0 else b.median_us / c.median_us)
-    if not ratios:
-        raise ValueError("no pair of timing rounds has samples on both sides")
-    return median_ratio(ratios)
+    return ratios
 
 
 def pair_speedups(pairs: Sequence[ProcessPair]) -> list[float]:
