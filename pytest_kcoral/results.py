@@ -42,6 +42,9 @@ class TimingStats:
     processes: int = 1  # processes it was timed in, one per pair with the other side's (``timing.combine.combine_processes``)
     process_medians_us: list[float] | None = None  # with several: each process's median, in time order
     samples_us: list[float] | None = None  # per timed call, in call order (dropped once merged)
+    # once merged: the kept samples' quantiles at 0, 1/64, ..., 1 (four significant digits), for
+    # the HTML report's distributions (``timing.combine.sample_quantiles``)
+    quantiles_us: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -130,6 +130,16 @@ def item_interval(pairs: Sequence[combine.ProcessPair], candidate: TimingStats, 
     return interval[0] * scale, interval[1] * scale
 
 
+def mean_of_intervals(intervals: Sequence[Sequence[float] | None]) -> list[float] | None:
+    """``[mean of the lows, mean of the highs]`` of several items' intervals: where their mean
+    speedup lies if every item's speedup lies in its interval. None when there are none, or one
+    is missing. Not an interval at a level: all k items' intervals hold together with probability
+    at least 1 - k x 5% only (more when their errors are independent and partly cancel)."""
+    if not intervals or any(not i for i in intervals):
+        return None
+    return [sum(i[0] for i in intervals) / len(intervals), sum(i[1] for i in intervals) / len(intervals)]  # type: ignore[index]
+
+
 def relative_half_width(interval: Sequence[float], speedup: float) -> float:
     """How far the interval reaches from the speedup, as a share of it, on its wider side."""
     return max(interval[1] / speedup - 1, 1 - interval[0] / speedup)
@@ -163,19 +173,19 @@ def noise_causes(result: ItemResult, *, interpreted_triton: bool = False) -> lis
     causes = []
     sides = {side: TimingStats.from_dict(getattr(result, f"{side}_timing")) for side in combine.SIDES}
     if result.timer == "wall":
-        causes.append("timed by the wall clock (no GPU timer)")
+        causes.append("wall-clock timing")
     if interpreted_triton:
-        causes.append("Triton ran in its CPU interpreter")
+        causes.append("Triton's CPU interpreter")
     candidate = sides["candidate"]
     if candidate is not None and candidate.rounds_dropped:
-        causes.append(f"{candidate.rounds_dropped} of {candidate.rounds} round pairs dropped (the host slowed one side)")
+        causes.append(f"{candidate.rounds_dropped}/{candidate.rounds} round pairs dropped (the host slowed one side)")
     missed = [side for side, s in sides.items() if s is not None and any(f.startswith("rse_target_missed") for f in s.flags)]
     if missed:
-        causes.append(f"the median's rse target missed on the {' and '.join(missed)} side")
+        causes.append(f"rse target missed ({', '.join(missed)})")
     if any(combine.host_set_side(getattr(result, f"{side}_timing") or {}) for side in combine.SIDES):
-        causes.append("the host's speed sets part of it (launch gaps)")
+        causes.append("host-set (the GPU idled between launches)")
     if candidate is not None and candidate.processes > 1:
-        causes.append(f"timed in {candidate.processes} pairs of processes that disagree")
+        causes.append(f"{candidate.processes} pairs of processes")
     return causes
 
 

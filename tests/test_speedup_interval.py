@@ -119,7 +119,7 @@ def test_noisy_when_the_interval_is_wide_with_the_reasons_in_one_line():
                                    interpreted_triton=True)
     assert noisy and "\n" not in reason
     assert reason.startswith("its 95% interval reaches ±30%, beyond ±5%: ")
-    for cause in ("wall clock", "interpreter", "3 of 8 round pairs dropped", "rse target missed on the baseline and candidate side"):
+    for cause in ("wall-clock timing", "interpreter", "3/8 round pairs dropped", "rse target missed (baseline, candidate)"):
         assert cause in reason
     assert si.judge_noise(_item(1.0, None), rounds=1) == (
         True, "no interval from 1 round pair (at least 6 needed): the round pairs' ratios spread (the host's speed varied)")

@@ -181,7 +181,23 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
         rounds=len(rounds),
         rounds_dropped=dropped,
         round_medians_us=[r.median_us for r in rounds],
+        quantiles_us=sample_quantiles(ordered),
     )
+
+
+# Quantiles a side's merged figures keep of its samples: enough to draw their distribution, and
+# a bounded record (65 numbers a side) however many samples a GPU's budget takes.
+QUANTILE_STEPS = 64
+
+
+def sample_quantiles(ordered: Sequence[float], steps: int = QUANTILE_STEPS) -> list[float]:
+    """The sorted samples at ``steps + 1`` evenly spaced ranks, first and last included (all of
+    them, when there are no more), to four significant digits."""
+    if len(ordered) <= steps + 1:
+        picked = list(ordered)
+    else:
+        picked = [ordered[round(i * (len(ordered) - 1) / steps)] for i in range(steps + 1)]
+    return [float(f"{v:.4g}") for v in picked]
 
 
 # The GPU idle between launches for this share of a span or more: the host's speed sets part of
