@@ -297,6 +297,7 @@ class Scores:
     timers: TimerUse
     failed_cases: list[FailedCase] = field(default_factory=list)
     wrong_baselines: list[WrongBaseline] = field(default_factory=list)
+    timed_items: list[ItemResult] = field(default_factory=list)  # items timed, by nodeid: their times and intervals
 
 
 # -- computation ------------------------------------------------------------------------------
@@ -611,4 +612,5 @@ def score(items: Sequence[ItemResult]) -> Scores:
         timers=timer_use(items),
         failed_cases=failed_cases(items),
         wrong_baselines=wrong_baselines(items),
+        timed_items=sorted((it for it in graded(items) if it.speedup is not None or it.t_candidate_us is not None), key=lambda it: it.nodeid),
     )

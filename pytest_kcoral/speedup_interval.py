@@ -146,13 +146,20 @@ def relative_half_width(interval: Sequence[float], speedup: float) -> float:
 
 
 def fmt_interval(interval: Sequence[float] | None, speedup: float | None) -> str:
-    """``±0.8%`` (the wider side, as ``relative_half_width``), or ``±?`` without an interval."""
+    """``±0.8%`` (the wider side, ``relative_half_width``) for a narrow interval, ``0.42-0.85x``
+    for one reaching 10% or more, ``±?`` without one, ``""`` without a speedup."""
     if speedup is None or speedup <= 0:
         return ""
     if not interval:
         return "±?"
     width = relative_half_width(interval, speedup) * 100
-    return f"±{width:.1f}%" if width < 10 else f"±{width:.0f}%"
+    if width < 10:
+        return f"±{width:.1f}%"
+    return f"{_fmt_ratio(interval[0])}-{_fmt_ratio(interval[1])}x"
+
+
+def _fmt_ratio(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.2g}"  # as ``report.fmt_speedup``, without its x
 
 
 _TRITON_IMPORT = re.compile(r"^\s*(import\s+triton|from\s+triton[\s.])", re.MULTILINE)
@@ -205,21 +212,21 @@ def record_interval(result: ItemResult, pairs: Sequence[combine.ProcessPair], ca
 
 def judge_noise(result: ItemResult, *, interpreted_triton: bool = False, rounds: int | None = None) -> tuple[bool, str | None]:
     """``(noisy, reason)`` for an item with a speedup: noisy when its interval reaches more than
-    ``NOISY_HALF_WIDTH`` from it, or when it has none; the reason is one line."""
+    ``NOISY_HALF_WIDTH`` from it, or when it has none. The reason is one line: what in the item's
+    record made its timing noisy (``noise_causes``), after why there is no interval if so."""
     if result.speedup is None:
         return False, None
     ci = result.speedup_ci
+    head = ""
     if ci:
-        width = relative_half_width(ci, result.speedup)
-        if width <= NOISY_HALF_WIDTH:
+        if relative_half_width(ci, result.speedup) <= NOISY_HALF_WIDTH:
             return False, None
-        head = f"its {CI_LEVEL:.0%} interval reaches {fmt_interval(ci, result.speedup)}, beyond ±{NOISY_HALF_WIDTH:.0%}"
     elif rounds is not None and rounds < order_statistic_minimum():
-        head = f"no interval from {rounds} round pair{'s' if rounds != 1 else ''} (at least {order_statistic_minimum()} needed)"
+        head = f"no interval from {rounds} round pair{'s' if rounds != 1 else ''} ({order_statistic_minimum()} needed): "
     else:
-        head = "no interval (the candidate's rounds read 0 us)"
+        head = "no interval (the candidate's rounds read 0 us): "
     causes = noise_causes(result, interpreted_triton=interpreted_triton)
-    return True, head + ": " + ("; ".join(causes) if causes else "the round pairs' ratios spread (the host's speed varied)")
+    return True, head + ("; ".join(causes) if causes else "the round pairs' ratios spread (the host's speed varied)")
 
 
 def order_statistic_minimum(level: float = CI_LEVEL) -> int:

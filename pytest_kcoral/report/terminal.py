@@ -32,6 +32,7 @@ from pytest_kcoral.report import (
     speed_of_light_lines,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change, largest_changes
+from pytest_kcoral.report.timings import timing_lines
 from pytest_kcoral.scoring import Scores, TimerUse
 
 NAME_WIDTH = 40
@@ -150,6 +151,7 @@ def summary_lines(
         lines.append("PARTIAL: the session was interrupted; scores cover the items that ran")
     lines += table_lines(scores)
     lines += speed_of_light_lines(scores.candidates)
+    lines += timing_lines(scores.timed_items)
     lines.append("")
     lines += suite_lines(scores)
     for err in collection_errors:
