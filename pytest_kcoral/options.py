@@ -43,6 +43,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Give up waiting for a device after S seconds (default: wait)")
     group.addoption("--kcoral-json", default=None, metavar="PATH",
                     help="Write the session's results as one JSON document")
+    group.addoption("--kcoral-html", default=None, metavar="PATH",
+                    help="Write the session's results as one self-contained HTML page (charts inline, nothing loaded)")
     group.addoption("--kcoral-compare", default=None, metavar="OLD.json",
                     help="Compare speedups with a saved --kcoral-json run")
     group.addoption("--kcoral-compare-fail", default=None, metavar="PCT",
@@ -125,6 +127,7 @@ class Settings:
     # --kcoral-process-pairs: None (auto) times an item in one pair of processes, and a host-set
     # one in AUTO_PROCESS_PAIRS; N, every item in N (``LocalExecutor._process_pairs_for``)
     process_pairs: int | None = None
+    html_path: Path | None = None  # --kcoral-html: the report page (report/html.py)
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -147,6 +150,9 @@ class Settings:
         json_path = opt("kcoral_json")
         if json_path and Path(json_path).is_dir():
             raise pytest.UsageError(f"--kcoral-json {json_path}: a directory; give the path of the file to write")
+        html_path = opt("kcoral_html")
+        if html_path and Path(html_path).is_dir():
+            raise pytest.UsageError(f"--kcoral-html {html_path}: a directory; give the path of the file to write")
         lease_dir = opt("kcoral_lease_dir")
         if lease_dir:
             _check_lease_dir(Path(lease_dir))
@@ -193,4 +199,5 @@ class Settings:
             sanitizer=opt("kcoral_sanitizer"),
             cpu_threads=cpu_threads,
             process_pairs=None if process_pairs == "auto" else int(process_pairs),
+            html_path=Path(html_path) if html_path else None,
         )

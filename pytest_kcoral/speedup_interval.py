@@ -146,7 +146,7 @@ def relative_half_width(interval: Sequence[float], speedup: float) -> float:
 
 
 def fmt_interval(interval: Sequence[float] | None, speedup: float | None) -> str:
-    """``±0.8%`` (the wider side, ``relative_half_width``) for a narrow interval, ``0.42-0.85x``
+    """``±0.8%`` (the wider side, ``relative_half_width``) for a narrow interval, ``(0.42-0.85x)``
     for one reaching 10% or more, ``±?`` without one, ``""`` without a speedup."""
     if speedup is None or speedup <= 0:
         return ""
@@ -155,7 +155,7 @@ def fmt_interval(interval: Sequence[float] | None, speedup: float | None) -> str
     width = relative_half_width(interval, speedup) * 100
     if width < 10:
         return f"±{width:.1f}%"
-    return f"{_fmt_ratio(interval[0])}-{_fmt_ratio(interval[1])}x"
+    return f"({_fmt_ratio(interval[0])}-{_fmt_ratio(interval[1])}x)"
 
 
 def _fmt_ratio(value: float) -> str:

@@ -128,8 +128,8 @@ def test_noisy_when_the_interval_is_wide_with_the_reasons_in_one_line():
 
 def test_fmt_interval():
     assert si.fmt_interval([1.2, 1.22], 1.21) == "±0.8%"
-    assert si.fmt_interval([0.5, 1.5], 1.0) == "0.50-1.50x"
-    assert si.fmt_interval([0.0004, 0.002], 0.0009) == "0.0004-0.002x"
+    assert si.fmt_interval([0.5, 1.5], 1.0) == "(0.50-1.50x)"
+    assert si.fmt_interval([0.0004, 0.002], 0.0009) == "(0.0004-0.002x)"
     assert si.fmt_interval(None, 1.0) == "±?"
     assert si.fmt_interval(None, None) == ""
 

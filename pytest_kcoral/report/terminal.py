@@ -144,6 +144,7 @@ def summary_lines(
     compare: CompareResult | None = None,
     collection_errors: Sequence[dict] = (),
     json_path: str | None = None,
+    html_path: str | None = None,
 ) -> list[str]:
     """Every line of the summary below its title."""
     lines: list[str] = []
@@ -162,6 +163,8 @@ def summary_lines(
         lines.append(f"seed {seed}")
     if json_path:
         lines.append(f"results written to {json_path}")
+    if html_path:
+        lines.append(f"report page written to {html_path}")
     return lines
 
 
