@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -139,3 +140,48 @@ def test_uses_triton_reads_the_source_as_text(tmp_path):
     (tmp_path / "t.py").write_text("import torch\n# triton would be faster\n")
     assert si.uses_triton(tmp_path / "k.py") and not si.uses_triton(tmp_path / "t.py")
     assert not si.uses_triton(tmp_path / "missing.py") and not si.uses_triton(None)
+
+
+# -- end to end, on real child processes -----------------------------------------------------------
+
+# slow for 10 ms, fast for the next 10 ms, ...: its rounds, a few ms each, read either speed, so the
+# ratios of its rounds to the baseline's spread far beyond 5% whatever the machine's load
+PHASED = """
+import time
+def run(a, b):
+    if int(time.monotonic() * 100) % 2:
+        end = time.perf_counter() + 200e-6
+        while time.perf_counter() < end:
+            pass
+    return a + b
+"""
+
+
+def test_every_speedup_carries_its_interval_and_a_wavering_one_is_noisy(make_case, run_kcoral, pytester):
+    make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "phased": PHASED})
+    result = run_kcoral("--kcoral-json", "out.json", "--junitxml", "junit.xml", "-m", "seen")
+    result.assert_outcomes(passed=2, deselected=2)
+    items = {it["candidate"]: it for it in json.loads((pytester.path / "out.json").read_text())["items"]}
+    for it in items.values():
+        low, high = it["speedup_ci"]
+        assert low <= it["speedup"] <= high
+        assert it["speedup_ci_level"] == 0.95
+        side = it["candidate_timing"]
+        assert len(side["quantiles_us"]) == min(65, side["n"])  # every sample, up to 65 quantiles
+        assert side["quantiles_us"] == sorted(side["quantiles_us"]) and side["quantiles_us"][0] == pytest.approx(side["min_us"], rel=1e-3)
+    phased = items["phased"]
+    assert phased["noisy"] is True
+    assert phased["noisy_reason"].startswith("wall-clock timing"), phased["noisy_reason"]
+    assert si.relative_half_width(phased["speedup_ci"], phased["speedup"]) > si.NOISY_HALF_WIDTH
+    # the terminal shows both medians and the interval, and marks the noisy item with its reason
+    result.stdout.fnmatch_lines([
+        "timings (median, baseline -> candidate; speedup with its 95% interval): * of 2 noisy:",
+        "  cases/add::phased?seen-n=256?  * us -> * us  *x (*-*x)  NOISY",  # ? for [ and ], which fnmatch reads as a set
+        "      wall-clock timing*",
+    ])
+    import xml.etree.ElementTree as ET
+
+    case = next(c for c in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase") if "phased" in c.get("name"))
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert float(props["kcoral_speedup_ci_low"]) <= float(props["kcoral_speedup"]) <= float(props["kcoral_speedup_ci_high"])
+    assert props["kcoral_noisy"].startswith("wall-clock timing")
