@@ -135,6 +135,11 @@ def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
             props.append((f"kcoral_{name}", junit_figure(value) if isinstance(value, float) else value))
     if result.speedup is not None:
         props.append(("kcoral_host_set", host_set(result)))  # the summary's ~: the host sets part of it
+    if result.speedup_ci:
+        props.append(("kcoral_speedup_ci_low", junit_figure(result.speedup_ci[0])))
+        props.append(("kcoral_speedup_ci_high", junit_figure(result.speedup_ci[1])))
+    if result.noisy:
+        props.append(("kcoral_noisy", result.noisy_reason or "noisy"))
     for key in ("candidate_tflops", "candidate_gbps", "candidate_of_peak"):
         value = (result.speed_of_light or {}).get(key)
         if value is not None:

@@ -43,6 +43,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Give up waiting for a device after S seconds (default: wait)")
     group.addoption("--kcoral-json", default=None, metavar="PATH",
                     help="Write the session's results as one JSON document")
+    group.addoption("--kcoral-html", default=None, metavar="PATH",
+                    help="Write the session's results as one self-contained HTML page (charts inline, nothing loaded)")
     group.addoption("--kcoral-compare", default=None, metavar="OLD.json",
                     help="Compare speedups with a saved --kcoral-json run")
     group.addoption("--kcoral-compare-fail", default=None, metavar="PCT",
@@ -145,6 +147,7 @@ class Settings:
     # --kcoral-precision: the half-width, relative, of the speedup's interval at which timing
     # stops (0.01 for 1%); None: off, every item spends its timing budget
     precision: float | None = DEFAULT_PRECISION
+    html_path: Path | None = None  # --kcoral-html: the report page (report/html.py)
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -167,6 +170,9 @@ class Settings:
         json_path = opt("kcoral_json")
         if json_path and Path(json_path).is_dir():
             raise pytest.UsageError(f"--kcoral-json {json_path}: a directory; give the path of the file to write")
+        html_path = opt("kcoral_html")
+        if html_path and Path(html_path).is_dir():
+            raise pytest.UsageError(f"--kcoral-html {html_path}: a directory; give the path of the file to write")
         lease_dir = opt("kcoral_lease_dir")
         if lease_dir:
             _check_lease_dir(Path(lease_dir))
@@ -215,4 +221,5 @@ class Settings:
             cpu_threads=cpu_threads,
             process_pairs=None if process_pairs == "auto" else int(process_pairs),
             precision=precision,
+            html_path=Path(html_path) if html_path else None,
         )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import math
 import os
 import random
 import re
@@ -22,12 +21,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
 
-from pytest_kcoral import correctness, cpu_share, isolation, speed_of_light, static_report, timing
+from pytest_kcoral import (
+    correctness,
+    cpu_share,
+    isolation,
+    speed_of_light,
+    speedup_interval,
+    static_report,
+    timing,
+)
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape, changed_case_files
 from pytest_kcoral.child import BASELINE as BASELINE_ROLE
-from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.devices import DeviceSpec
+from pytest_kcoral.diagnostics import Diagnostics
 from pytest_kcoral.isolation import Child, ChildFailure
 from pytest_kcoral.kept_children import KeptCandidates
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS, Settings
@@ -68,24 +75,6 @@ def timing_rounds(device_kind: str, item_bytes: int, budget_s: float) -> int:
 # Fewest pairs of rounds before timing may stop at the precision target: a distribution-free 95%
 # interval of a median needs six values (their extremes, 96.9%).
 MIN_ROUND_PAIRS = 6
-INTERVAL_LEVEL = 0.95
-
-
-def median_interval(values: list[float], level: float = INTERVAL_LEVEL) -> tuple[float, float] | None:
-    """A distribution-free interval for the median of ``values`` at ``level`` (order statistics:
-    the k-th smallest and largest, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2);
-    None when there are too few values for one."""
-    n = len(values)
-    tail, k = 0.0, 0
-    while True:
-        tail += math.comb(n, k) / 2**n
-        if tail > (1 - level) / 2:
-            break
-        k += 1
-    if k == 0:
-        return None
-    ordered = sorted(values)
-    return ordered[k - 1], ordered[n - k]
 
 
 # Trusted children, and baseline children, kept alive per worker (one per case each, least
@@ -731,6 +720,7 @@ class LocalExecutor:
         result.t_candidate_us = candidate_stats.median_us
         result.timer = candidate_stats.method
         result.speedup = combine.item_speedup(pairs, baseline_stats, candidate_stats)
+        speedup_interval.record_interval(result, pairs, candidate_stats, spec.candidate.path, self.device_kind)
         # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
         result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
         checked = _timed_outputs_to_check(all_cand, [v for pair in pairs for v in pair.verify], combine.kept_rounds(pairs, "candidate"),
@@ -811,7 +801,7 @@ class LocalExecutor:
         if precision is None or taken < MIN_ROUND_PAIRS or taken % 2:
             return False
         ratios = combine.round_ratios(pair.baseline, pair.candidate)
-        interval = median_interval(ratios)
+        interval = speedup_interval.speedup_interval(ratios)
         if interval is None or len(ratios) < taken:
             return False
         centre = combine.median_ratio(ratios)

@@ -42,6 +42,9 @@ class TimingStats:
     processes: int = 1  # processes it was timed in, one per pair with the other side's (``timing.combine.combine_processes``)
     process_medians_us: list[float] | None = None  # with several: each process's median, in time order
     samples_us: list[float] | None = None  # per timed call, in call order (dropped once merged)
+    # once merged: the kept samples' quantiles at 0, 1/64, ..., 1 (four significant digits), for
+    # the HTML report's distributions (``timing.combine.sample_quantiles``)
+    quantiles_us: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -89,6 +92,12 @@ class ItemResult:
     # t_baseline / t_candidate, read pair by pair of rounds taken in turns (``combine.item_speedup``),
     # only between like timing methods
     speedup: float | None = None
+    # its confidence interval [low, high] at ``speedup_ci_level`` (``speedup_interval.item_interval``);
+    # None without a speedup or with too few timing rounds
+    speedup_ci: list[float] | None = None
+    speedup_ci_level: float | None = None
+    noisy: bool = False  # the interval is wide, or missing beside a speedup (``speedup_interval.judge_noise``)
+    noisy_reason: str | None = None  # one line: how wide, and what in the record made it so
     timer: str | None = None  # method of the candidate's timing
     baseline_timing: dict[str, Any] | None = None  # TimingStats.to_dict()
     candidate_timing: dict[str, Any] | None = None

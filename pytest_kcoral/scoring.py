@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 from pytest_kcoral.speed_of_light import largest_shape
+from pytest_kcoral.speedup_interval import mean_of_intervals
 from pytest_kcoral.timing.combine import host_set_side
 
 TIER_WEIGHTS = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 5: 3.0}
@@ -118,6 +119,14 @@ class CandidateScore:
     # host's speed sets part of those speedups (``host_set``)
     host_set_seen: int = 0
     host_set_unseen: int = 0
+    # the mean of the intervals' bounds of the items behind each mean speedup, None when one has
+    # no interval: where the mean lies if every item's speedup lies in its interval, not an
+    # interval at a level (``speedup_interval.mean_of_intervals``)
+    mean_speedup_seen_range: list[float] | None = None
+    mean_speedup_unseen_range: list[float] | None = None
+    # items behind each mean speedup marked noisy (``ItemResult.noisy``)
+    noisy_seen: int = 0
+    noisy_unseen: int = 0
     # achieved rates on the largest correct seen shape, when the case declares cost(shape)
     # (``speed_of_light.largest_shape``)
     speed_of_light: dict[str, Any] | None = None
@@ -288,6 +297,7 @@ class Scores:
     timers: TimerUse
     failed_cases: list[FailedCase] = field(default_factory=list)
     wrong_baselines: list[WrongBaseline] = field(default_factory=list)
+    timed_items: list[ItemResult] = field(default_factory=list)  # items timed, by nodeid: their times and intervals
 
 
 # -- computation ------------------------------------------------------------------------------
@@ -360,6 +370,10 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
         failed_stages=dict(failed_stages),
         host_set_seen=sum(1 for it in seen_timed if host_set(it)),
         host_set_unseen=sum(1 for it in unseen_timed if host_set(it)),
+        mean_speedup_seen_range=mean_of_intervals([it.speedup_ci for it in seen_timed]),
+        mean_speedup_unseen_range=mean_of_intervals([it.speedup_ci for it in unseen_timed]),
+        noisy_seen=sum(1 for it in seen_timed if it.noisy),
+        noisy_unseen=sum(1 for it in unseen_timed if it.noisy),
         speed_of_light=largest_shape(items),
     )
 
@@ -598,4 +612,5 @@ def score(items: Sequence[ItemResult]) -> Scores:
         timers=timer_use(items),
         failed_cases=failed_cases(items),
         wrong_baselines=wrong_baselines(items),
+        timed_items=sorted((it for it in graded(items) if it.speedup is not None or it.t_candidate_us is not None), key=lambda it: it.nodeid),
     )

@@ -18,7 +18,7 @@ from pytest_kcoral import scoring
 from pytest_kcoral.environment import collect_environment
 from pytest_kcoral.options import Settings
 from pytest_kcoral.report import compare as compare_mod
-from pytest_kcoral.report import fmt_methods, json_artifact, junit_figure, step_summary, terminal
+from pytest_kcoral.report import fmt_methods, html, json_artifact, junit_figure, step_summary, terminal
 from pytest_kcoral.results import ItemResult
 
 COLLECTION_ERROR_LINES = 20
@@ -51,6 +51,7 @@ class KcoralSession:
         self.compare_result: compare_mod.CompareResult | None = None
         self.partial = False
         self.json_written: str | None = None
+        self.html_written: str | None = None
         self._saved_run: compare_mod.SavedRun | None = None
         self._compare_path = config.getoption("kcoral_compare", None)
         self._compare_threshold: float | None = None
@@ -127,15 +128,16 @@ class KcoralSession:
         scores = self.build_scores()
         settings = self.settings
         wants_json = settings is not None and settings.json_path is not None
-        # nvidia-smi runs behind it: only when the JSON or the comparison needs it
-        environment = collect_environment() if wants_json or self._saved_run is not None else None
+        wants_html = settings is not None and settings.html_path is not None
+        # nvidia-smi runs behind it: only when the JSON, the HTML page or the comparison needs it
+        environment = collect_environment() if wants_json or wants_html or self._saved_run is not None else None
         if self._saved_run is not None:
             self.compare_result = compare_mod.compare_runs(
                 self._saved_run, scores.candidates, self._compare_threshold, self._compare_path,
                 timed_by=compare_mod.pair_methods((i.case, i.candidate, i.split, i.timer, i.speedup) for i in self.items),
                 gpus=compare_mod.gpu_models(environment))
         _add_junit_suite_properties(session.config, scores.suite, scores.timers, len(self.collection_errors), self.compare_result)
-        if wants_json:
+        if wants_json or wants_html:
             doc = json_artifact.build_document(
                 self.items, scores,
                 settings=settings,
@@ -145,13 +147,18 @@ class KcoralSession:
                 lease_history=self.lease_history,
                 compare=self.compare_result,
             )
-            try:
-                self.json_written = str(json_artifact.write_atomically(settings.json_path, doc))
-            except OSError as exc:
-                # on a line of its own: the progress line may still be open on stdout
-                sys.stderr.write(f"\npytest-kcoral: cannot write {settings.json_path}: {exc}\n")
-                if session.exitstatus == pytest.ExitCode.OK:
-                    session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+            # the page is drawn from the document the JSON holds, so the two always agree
+            writers = [(settings.json_path, json_artifact.write_atomically, "json_written"), (settings.html_path, html.write_html, "html_written")]
+            for path, write, written in writers:
+                if path is None:
+                    continue
+                try:
+                    setattr(self, written, str(write(path, doc)))
+                except OSError as exc:
+                    # on a line of its own: the progress line may still be open on stdout
+                    sys.stderr.write(f"\npytest-kcoral: cannot write {path}: {exc}\n")
+                    if session.exitstatus == pytest.ExitCode.OK:
+                        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         summary_file = step_summary.step_summary_path()
         if summary_file:
             try:
@@ -181,6 +188,7 @@ class KcoralSession:
             compare=self.compare_result,
             collection_errors=self.collection_errors,
             json_path=self.json_written,
+            html_path=self.html_written,
         )
         terminal.write_summary(terminalreporter, lines)
 

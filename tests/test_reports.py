@@ -223,6 +223,47 @@ def test_compare_detects_regressions(tmp_path):
     assert doc["compare"]["threshold_pct"] == 5.0
 
 
+def _with_ci(it: ItemResult, low: float, high: float) -> ItemResult:
+    it.speedup_ci, it.speedup_ci_level = [low, high], 0.95
+    return it
+
+
+def test_compare_never_fails_a_change_inside_both_runs_intervals(tmp_path):
+    old_path = _save(tmp_path, "old.json", [
+        _with_ci(item(candidate="noisy", speedup=2.0), 1.7, 2.3),
+        _with_ci(item(candidate="sure", speedup=2.0), 1.98, 2.02),
+        _with_ci(item(candidate="sure", shape_id="n=8", speedup=2.0), 1.96, 2.04),
+    ])
+    new_items = [
+        _with_ci(item(candidate="noisy", speedup=1.8), 1.6, 2.0),  # -10%, and 1.6-2.0 overlaps 1.7-2.3
+        _with_ci(item(candidate="sure", speedup=1.8), 1.78, 1.82),  # -10%, the ranges apart
+        _with_ci(item(candidate="sure", shape_id="n=8", speedup=1.8), 1.79, 1.81),
+    ]
+    saved = compare.load_saved_run(old_path)
+    assert saved.ranges[("cases/vector_add", "sure")] == pytest.approx((1.97, 2.03))  # the mean of its items' bounds
+    result = compare.compare_runs(saved, scoring.score(new_items).candidates, 5.0, old_path)
+    assert [(r.candidate, r.regressed, r.within_noise) for r in result.rows] == [("noisy", False, True), ("sure", True, False)]
+    assert not result.rows[1].ranges_overlap
+    (line,) = [c for c in compare.caveats(result) if c.startswith("WITHIN NOISE")]
+    assert line == ("WITHIN NOISE 1 pair slower by more than the threshold, not counted: the two runs' intervals overlap:"
+                    " cases/vector_add::noisy 2.00x -> 1.80x (-10.0%), 1.70-2.30x then, 1.60-2.00x now")
+    LineMatcher(terminal.compare_lines(result)).fnmatch_lines([
+        "compared with *old.json (fail below -5%): 2 pairs, 1 regressed", "  REGRESSION cases/vector_add::sure: *", "  WITHIN NOISE 1 pair*"])
+    assert "WITHIN NOISE 1 pair" in step_summary.render_markdown(scoring.score(new_items), compare=result)
+    doc = json_artifact.build_document(new_items, scoring.score(new_items), compare=result)
+    assert [r["candidate"] for r in doc["compare"]["within_noise"]] == ["noisy"]
+    assert doc["compare"]["rows"][0]["old_range"] == [1.7, 2.3] and doc["compare"]["rows"][0]["new_range"] == [1.6, 2.0]
+    # a saved run written before intervals existed gates as before
+    old = json.loads(old_path.read_text())
+    for c in old["candidates"]:
+        del c["mean_speedup_seen_range"]
+    for i in old["items"]:
+        del i["speedup_ci"], i["speedup_ci_level"]
+    old_path.write_text(json.dumps(old))
+    before = compare.compare_runs(compare.load_saved_run(old_path), scoring.score(new_items).candidates, 5.0, old_path)
+    assert [(r.candidate, r.regressed, r.within_noise) for r in before.rows] == [("noisy", True, False), ("sure", True, False)]
+
+
 def test_compare_never_gates_on_pairs_timed_differently(tmp_path):
     # the saved run fell back to CUDA events, this one had CUPTI: a 2.00x -> 1.00x "regression"
     # there is the timer's, not the kernel's

@@ -419,3 +419,22 @@ def test_an_untimed_run_shows_no_bench_lite_score():
     timed = scoring.score([item(speedup=0.5, team="a"), item(candidate="v2", team="b", correct=False)])
     assert "bench-lite total (tier-weighted) 30.0" in suite_lines(timed)
     assert table_lines(timed)[2].split()[-1] == "0.0"
+
+
+def test_a_pairs_means_carry_the_range_of_their_items_intervals_and_count_the_noisy():
+    def timed(shape_id, split, speedup, ci, noisy=False, **kw):
+        it = item(split=split, shape_id=shape_id, speedup=speedup, **kw)
+        it.speedup_ci, it.noisy = ci, noisy
+        return it
+
+    (pair,) = scoring.score_candidates([
+        timed("n=1", "seen", 2.0, [1.8, 2.2]),
+        timed("n=2", "seen", 1.0, [0.9, 1.3], noisy=True),
+        timed("n=3", "unseen", 1.5, [1.4, 1.6], baseline_correct=True),
+        timed("n=4", "unseen", 1.2, None, noisy=True, baseline_correct=True),  # too few rounds for an interval
+        timed("n=5", "unseen", 9.0, [8.0, 10.0], noisy=True, baseline_correct=False),  # not behind the unseen mean
+    ])
+    assert pair.mean_speedup_seen == pytest.approx(1.5)
+    assert pair.mean_speedup_seen_range == pytest.approx([1.35, 1.75])
+    assert pair.mean_speedup_unseen_range is None  # one item behind the mean has no interval
+    assert (pair.noisy_seen, pair.noisy_unseen) == (1, 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kernels import triton_add
 
-from pytest_kcoral.pipeline import (GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS, median_interval,
+from pytest_kcoral.pipeline import (GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS,
                                     timing_rounds)
 from pytest_kcoral.results import CASE_FAILED_PREFIX
 
@@ -726,8 +726,3 @@ def test_precision_must_be_a_percentage_or_off(make_case, run_kcoral, value):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--kcoral-precision must be a percentage above 0 and below 100*{value}*"])
 
-
-def test_a_distribution_free_interval_of_a_median_needs_six_values():
-    assert median_interval([1.0] * 5) is None
-    assert median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0)  # the extremes: 96.9%
-    assert median_interval([float(v) for v in range(1, 21)]) == (6.0, 15.0)  # k = 6 for n = 20 at 95%

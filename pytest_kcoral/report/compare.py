@@ -14,7 +14,11 @@ A comparison is only as good as its two runs are alike, so it says where they ar
   of it) is marked: the items behind such means moved by up to 25% between two identical runs
   on one host (session 8), so a regression there wants a rerun before it is believed. It still
   counts;
-- runs on different GPU models are named, since speedups move with the GPU.
+- runs on different GPU models are named, since speedups move with the GPU;
+- a pair slower by more than the threshold whose two runs' intervals overlap
+  (``CandidateScore.mean_speedup_seen_range``) is *within the noise*: the change may be the
+  timing's alone, so it is shown and never counted. A saved run without intervals (written
+  before they existed) gates as before.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class SavedRun:
     timed_by: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # methods of the seen speedups
     gpus: tuple[str, ...] = ()  # GPU models of the saved run's host
     partial: bool = False  # the saved run was interrupted: its pairs may rest on fewer items
+    ranges: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # seen means' ranges, where saved
 
 
 def pair_methods(items: Iterable[tuple[str, str, str, str | None, float | None]]) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -105,6 +110,9 @@ def load_saved_run(path: str | Path) -> SavedRun:
             saved.speedups[key] = float(value) if value is not None else None
             if c.get("host_set_seen"):  # absent from files written before the mark existed
                 saved.host_set.add(key)
+            band = c.get("mean_speedup_seen_range")  # absent from files written before intervals existed
+            if isinstance(band, list) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band):
+                saved.ranges[key] = (float(band[0]), float(band[1]))
         except (KeyError, TypeError, ValueError, AttributeError):
             raise CompareError(f"--kcoral-compare: {path}: malformed entry candidates[{i}]") from None
     items = doc.get("items")
@@ -128,6 +136,15 @@ class CompareRow:
     host_set: bool = False  # the pair's seen mean carries ~ in either run
     old_timed_by: tuple[str, ...] = ()  # timing methods behind each run's seen speedups
     new_timed_by: tuple[str, ...] = ()
+    old_range: tuple[float, float] | None = None  # each run's ``mean_speedup_seen_range``, where known
+    new_range: tuple[float, float] | None = None
+    within_noise: bool = False  # slower beyond the threshold, but the two ranges overlap: not counted
+
+    @property
+    def ranges_overlap(self) -> bool:
+        """Both runs' ranges are known and share a speedup: the change may be the timing's alone."""
+        return (self.old_range is not None and self.new_range is not None
+                and self.new_range[1] >= self.old_range[0] and self.old_range[1] >= self.new_range[0])
 
     @property
     def comparable(self) -> bool:
@@ -163,6 +180,11 @@ class CompareResult:
         return bool(self.regressions) or (self.threshold_pct is not None and self.nothing_matched)
 
     @property
+    def within_noise(self) -> list[CompareRow]:
+        """Rows slower than the threshold allows whose two runs' intervals overlap: not counted."""
+        return [r for r in self.rows if r.within_noise]
+
+    @property
     def not_comparable(self) -> list[CompareRow]:
         return [r for r in self.rows if not r.comparable]
 
@@ -183,6 +205,7 @@ class CompareResult:
             "rows": [_row_dict(r) for r in self.rows],
             "regressions": [_row_dict(r) for r in self.regressions],
             "not_comparable": [_row_dict(r) for r in self.not_comparable],
+            "within_noise": [_row_dict(r) for r in self.within_noise],
             "only_old": [list(k) for k in self.only_old],
             "only_new": [list(k) for k in self.only_new],
             "old_gpus": list(self.old_gpus),
@@ -195,6 +218,8 @@ class CompareResult:
 def _row_dict(row: CompareRow) -> dict[str, Any]:
     d = asdict(row)
     d["old_timed_by"], d["new_timed_by"] = list(row.old_timed_by), list(row.new_timed_by)
+    d["old_range"] = list(row.old_range) if row.old_range is not None else None
+    d["new_range"] = list(row.new_range) if row.new_range is not None else None
     d["comparable"] = row.comparable
     return d
 
@@ -222,13 +247,24 @@ def compare_runs(
             change = (new_s - old_s) / old_s * 100.0
         row = CompareRow(key[0], key[1], old_s, new_s, change, regressed=False,
                          host_set=key in saved.host_set or bool(new[key].host_set_seen),
-                         old_timed_by=saved.timed_by.get(key, ()), new_timed_by=timed_by.get(key, ()))
-        row.regressed = (change is not None and threshold_pct is not None and -change > threshold_pct
-                         and row.comparable)
+                         old_timed_by=saved.timed_by.get(key, ()), new_timed_by=timed_by.get(key, ()),
+                         old_range=saved.ranges.get(key), new_range=_range(new[key].mean_speedup_seen_range))
+        beyond = change is not None and threshold_pct is not None and -change > threshold_pct and row.comparable
+        row.within_noise = beyond and row.ranges_overlap
+        row.regressed = beyond and not row.within_noise
         result.rows.append(row)
     result.only_old = sorted(set(saved.speedups) - set(new))
     result.only_new = sorted(set(new) - set(saved.speedups))
     return result
+
+
+def _range(band: Sequence[float] | None) -> tuple[float, float] | None:
+    return (float(band[0]), float(band[1])) if band else None
+
+
+def fmt_range(band: Sequence[float] | None) -> str:
+    """``1.80-2.20x``, or ``?`` when the run has no interval there."""
+    return f"{fmt_speedup(band[0])[:-1]}-{fmt_speedup(band[1])}" if band else "?"
 
 
 def fmt_change(row: CompareRow) -> str:
@@ -275,6 +311,12 @@ def caveats(result: CompareResult) -> list[str]:
         named = [f"{pair_name(r.case, r.candidate)} ({'+'.join(r.old_timed_by)} then, {'+'.join(r.new_timed_by)} now)" for r in rows]
         lines.append(f"NOT COMPARED {len(rows)} pair{'s' if len(rows) != 1 else ''},"
                      f" timed by other methods in the two runs: {_named(named)}")
+    rows = result.within_noise
+    if rows:
+        named = [f"{pair_name(r.case, r.candidate)} {fmt_change(r)}, {fmt_range(r.old_range)} then, {fmt_range(r.new_range)} now"
+                 for r in rows]
+        lines.append(f"WITHIN NOISE {len(rows)} pair{'s' if len(rows) != 1 else ''} slower by more than the threshold,"
+                     f" not counted: the two runs' intervals overlap: {_named(named)}")
     if any(r.host_set for r in result.regressions):
         lines.append(f"{HOST_SET_MARK} the host's speed sets part of these speedups: rerun before believing"
                      " a regression there")

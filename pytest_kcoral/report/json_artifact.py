@@ -100,9 +100,13 @@ def _umask() -> int:
 
 def write_atomically(path: str | Path, doc: dict[str, Any]) -> Path:
     """Write ``doc`` to ``path`` so that the path holds either the old file or the whole new one."""
+    return write_text_atomically(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+
+def write_text_atomically(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` so that the path holds either the old file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

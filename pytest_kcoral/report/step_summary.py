@@ -29,6 +29,7 @@ from pytest_kcoral.report import (
     nothing_timed,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change, largest_changes
+from pytest_kcoral.report.timings import timing_markdown
 from pytest_kcoral.scoring import Scores
 
 ENV_VAR = "GITHUB_STEP_SUMMARY"
@@ -81,6 +82,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
             out.append("| " + " | ".join(_cell(x) for x in (
                 f"`{c.case}`", f"`{c.candidate}`", f"`{sol['shape_id']}`", fmt_rates(sol), fmt_of_peak(sol), fmt_rates(sol, "baseline"),
             )) + " |")
+    out += timing_markdown(scores.timed_items)
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     if nothing_timed(s):  # as the terminal says it
         fast += " " + NOTHING_TIMED_NOTE

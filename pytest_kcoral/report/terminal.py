@@ -32,6 +32,7 @@ from pytest_kcoral.report import (
     speed_of_light_lines,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change, largest_changes
+from pytest_kcoral.report.timings import timing_lines
 from pytest_kcoral.scoring import Scores, TimerUse
 
 NAME_WIDTH = 40
@@ -143,6 +144,7 @@ def summary_lines(
     compare: CompareResult | None = None,
     collection_errors: Sequence[dict] = (),
     json_path: str | None = None,
+    html_path: str | None = None,
 ) -> list[str]:
     """Every line of the summary below its title."""
     lines: list[str] = []
@@ -150,6 +152,7 @@ def summary_lines(
         lines.append("PARTIAL: the session was interrupted; scores cover the items that ran")
     lines += table_lines(scores)
     lines += speed_of_light_lines(scores.candidates)
+    lines += timing_lines(scores.timed_items)
     lines.append("")
     lines += suite_lines(scores)
     for err in collection_errors:
@@ -160,6 +163,8 @@ def summary_lines(
         lines.append(f"seed {seed}")
     if json_path:
         lines.append(f"results written to {json_path}")
+    if html_path:
+        lines.append(f"report page written to {html_path}")
     return lines
 
 

@@ -181,7 +181,23 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
         rounds=len(rounds),
         rounds_dropped=dropped,
         round_medians_us=[r.median_us for r in rounds],
+        quantiles_us=sample_quantiles(ordered),
     )
+
+
+# Quantiles a side's merged figures keep of its samples: enough to draw their distribution, and
+# a bounded record (65 numbers a side) however many samples a GPU's budget takes.
+QUANTILE_STEPS = 64
+
+
+def sample_quantiles(ordered: Sequence[float], steps: int = QUANTILE_STEPS) -> list[float]:
+    """The sorted samples at ``steps + 1`` evenly spaced ranks, first and last included (all of
+    them, when there are no more), to four significant digits."""
+    if len(ordered) <= steps + 1:
+        picked = list(ordered)
+    else:
+        picked = [ordered[round(i * (len(ordered) - 1) / steps)] for i in range(steps + 1)]
+    return [float(f"{v:.4g}") for v in picked]
 
 
 # The GPU idle between launches for this share of a span or more: the host's speed sets part of
@@ -267,8 +283,9 @@ def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Seq
 
 
 def round_ratios(baseline_rounds: Sequence[TimingStats], candidate_rounds: Sequence[TimingStats]) -> list[float]:
-    """Per pair of rounds taken in turns, both with samples: the baseline round's median over the
-    candidate round's (infinite where the candidate's read 0 us)."""
+    """The ratios ``paired_speedup`` takes the median of, in time order: per pair of rounds taken in
+    turns (both with samples), the baseline round's median over the candidate round's (infinite
+    where the candidate's read 0 us). ``speedup_interval`` reads the speedup's interval from them."""
     ratios: list[float] = []
     for b, c in zip(baseline_rounds, candidate_rounds):
         if not (b.samples_us and c.samples_us) or (b.median_us <= 0 and c.median_us <= 0):
