@@ -706,5 +706,6 @@ def _check_generate_input(source: Path, generate_input: Any, shapes: list[Shape]
         try:
             signature.bind(**shape.params, seed=0)
         except TypeError as exc:
-            raise CaseError(task_path, f"{shape.split} shape {shape.shape_id}: generate_input{signature} in {source.name} does not take"
-                                       f" it with a seed: {exc}") from None
+            takes = ", ".join(signature.parameters)
+            raise CaseError(task_path, f"{shape.split} shape {shape.shape_id} does not fit generate_input({takes}) in {source.name},"
+                                       f" called with the shape's keys and a seed: {exc}") from None

@@ -280,6 +280,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if result is not None:
             # a plain attribute of the report: pytest-xdist carries it to the controller
             report.kcoral_result = result.to_dict()
+            if getattr(report, "wasxfail", None) and result.outcome == "failed":  # a known-wrong candidate: say how it failed
+                report.wasxfail += f"; {result.stage} failed: {(result.message or '').splitlines()[0][:200]}"
     return report
 
 
