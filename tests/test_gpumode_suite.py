@@ -238,3 +238,34 @@ def test_native_cases_have_known_answers_too(make_case, run_kcoral):
     result = run_kcoral(*CORRECTNESS, "-m", "seen")
     result.assert_outcomes(passed=2, xfailed=1, deselected=3)
     result.stdout.fnmatch_lines(["*known answers: 1 of 1 wrong failed as expected, 1 of 1 correct passed; 0 unexpected*"])
+
+
+def test_a_problem_drawing_on_cuda_as_published_skips_on_a_cpu(pytester, run_kcoral):
+    on_cuda = (REFERENCE.replace("torch.Generator(device=torch.get_default_device())", "torch.Generator(device='cuda')")
+               .replace("dtype=torch.float32, generator=gen", "device='cuda', dtype=torch.float32, generator=gen"))
+    gpumode_problem(pytester.path, reference=on_cuda, solutions={"submission.py": FP32_SCAN})
+    result = run_kcoral("problems", *CORRECTNESS, "-k", "63", "-rs")
+    result.assert_outcomes(skipped=1, deselected=2)
+    result.stdout.fnmatch_lines(["*SKIPPED*scan_py/reference.py*needs CUDA*"])
+
+
+@pytest.mark.parametrize(("verdict", "problems"), [
+    ("", []),
+    ("mismatch found! 3 elements", ["check_implementation: mismatch found! 3 elements"]),
+    ((True, ""), []),  # pmpp_v2's checkers
+    ((False, "bad"), ["check_implementation: bad"]),
+    ((False, ""), ["check_implementation: rejected, without a message"]),
+    (None, []),
+    (False, ["check_implementation: rejected, without a message"]),
+])
+def test_a_checkers_answer_is_read_in_each_of_gpu_modes_forms(verdict, problems):
+    from pytest_kcoral.checker import problems_of
+
+    assert problems_of(verdict) == problems
+
+
+def test_outputs_are_rebuilt_in_the_structure_they_were_returned_in():
+    from pytest_kcoral.checker import rebuild
+
+    assert rebuild(0, ["t"]) == "t"
+    assert rebuild([0, {"h": 0, "c": 0}], [1, 2, 3]) == (1, {"h": 2, "c": 3})
