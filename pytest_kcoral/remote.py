@@ -87,7 +87,10 @@ def _harness_files() -> dict[str, bytes]:
 
 def _case_files(case: Case) -> dict[str, bytes]:
     """The case folder's own files (not subfolders: ``candidates/`` stays here), and the modules a
-    GPU MODE problem sets up from elsewhere, under their names beside them (``utils.py``)."""
+    GPU MODE problem sets up from elsewhere, under their names beside them (``utils.py``); a
+    KernelBench problem file among others alone."""
+    if case.standalone:  # a KernelBench problem file among others: only it is the case's
+        return {f"case/{case.source.name}": case.source.read_bytes()}
     files = {f"case/{p.name}": p.read_bytes() for p in sorted(case.folder.iterdir()) if p.is_file() and not p.name.endswith(".pyc")}
     files.update({f"case/{name}": path.read_bytes() for name, path in case.helper_files.items()})
     return files
