@@ -399,7 +399,8 @@ class _Runner:
             written.append(_to_cpu(tuple(args[j] for j in written_inputs)) if not problems else None)
             inputs_changed.append(correctness.changed_inputs(before, args))
             # which outputs are inputs: a GPU MODE kernel may write the output buffer its data carries
-            aliases.append([list(pair) for pair in sorted(_aliases(out_tuple, args))])
+            # (only for plain dense outputs: a sparse one, say, has no storage to compare)
+            aliases.append([list(pair) for pair in sorted(_aliases(out_tuple, args))] if not problems else [])
         return ({"findings": findings, "inputs_changed": inputs_changed, "structures": structures, "output_aliases": aliases},
                 {"outputs": outputs, "written": written})
 
