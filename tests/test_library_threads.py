@@ -11,6 +11,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -58,50 +59,52 @@ def _processes_named(name: str) -> list[int]:
     return found
 
 
-# -- the rule, on threads of this process ------------------------------------------------------
+# -- the rule, in a fresh interpreter ------------------------------------------------------------
+# (the audit kills every process below the one it runs in, and this test session's has others:
+# the template children are forked from)
+
+
+def _run_fresh(code: str) -> None:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code) + "\nprint('ok')\n"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
 
 def test_an_idle_thread_is_watched_and_one_that_then_works_is_named():
-    baseline = leftovers.Baseline.take()
-    wake, stop = threading.Event(), threading.Event()
-
-    def sometimes_busy():
-        wake.wait()
-        while not stop.is_set():
-            sum(range(1000))
-
-    thread = threading.Thread(target=sometimes_busy, name="sometimes-busy", daemon=True)
-    thread.start()
-    try:
+    _run_fresh("""
+        import threading, time
+        from pytest_kcoral import leftovers
+        baseline = leftovers.Baseline.take()
+        wake = threading.Event()
+        def sometimes_busy():
+            wake.wait()
+            while True:
+                sum(range(1000))
+        thread = threading.Thread(target=sometimes_busy, name="sometimes-busy", daemon=True)
+        thread.start()
         assert baseline.find() == []  # idle over the grace: watched, not a finding
         assert thread.ident in baseline.watched_threads
         wake.set()
         time.sleep(0.3)  # the next command's time, during which it works
         problems = baseline.find()
-        assert len(problems) == 1 and "'sometimes-busy'" in problems[0] and "while the candidate was checked or timed" in problems[0]
-    finally:
-        stop.set()
-        wake.set()
-        thread.join()
+        assert len(problems) == 1 and "'sometimes-busy'" in problems[0], problems
+        assert "while the candidate was checked or timed" in problems[0], problems
+    """)
 
 
 def test_a_fresh_thread_that_keeps_computing_is_named_with_its_cpu_time():
-    baseline = leftovers.Baseline.take()
-    stop = threading.Event()
-
-    def busy():
-        while not stop.is_set():
-            sum(range(1000))
-
-    thread = threading.Thread(target=busy, name="busy-after-return", daemon=True)
-    thread.start()
-    try:
+    _run_fresh("""
+        import threading
+        from pytest_kcoral import leftovers
+        baseline = leftovers.Baseline.take()
+        def busy():
+            while True:
+                sum(range(1000))
+        threading.Thread(target=busy, name="busy-after-return", daemon=True).start()
         problems = baseline.find()
-    finally:
-        stop.set()
-        thread.join()
-    assert len(problems) == 1
-    assert problems[0].startswith("left a thread running after returning that keeps computing: 'busy-after-return' (daemon=True; ")
-    assert "ms of CPU in" in problems[0] and "after returning" in problems[0]
+        assert len(problems) == 1, problems
+        assert problems[0].startswith("left a thread running after returning that keeps computing: 'busy-after-return' (daemon=True; "), problems
+        assert "ms of CPU in" in problems[0] and "after returning" in problems[0], problems
+    """)
 
 
 def test_the_idle_allowance_is_far_below_a_busy_core():
@@ -112,20 +115,18 @@ def test_the_idle_allowance_is_far_below_a_busy_core():
 
 
 def test_an_idle_process_is_watched_and_a_working_one_is_killed():
-    baseline = leftovers.Baseline.take()
-    idle = subprocess.Popen(["sleep", "30"])
-    try:
-        assert baseline.find() == []
-        assert idle.pid in baseline.watched_processes
+    _run_fresh("""
+        import subprocess
+        from pytest_kcoral import leftovers
+        baseline = leftovers.Baseline.take()
+        idle = subprocess.Popen(["sleep", "30"])
+        assert baseline.find() == [] and idle.pid in baseline.watched_processes
         busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])
         problems = baseline.find()
-        assert len(problems) == 1 and "working (using CPU or starting processes)" in problems[0] and f"pid {busy.pid}" in problems[0]
+        assert len(problems) == 1 and "working (using CPU or starting processes)" in problems[0], problems
+        assert f"pid {busy.pid}" in problems[0], problems
         assert busy.wait(5) == -9 and idle.wait(5) == -9  # the item fails: all of them are killed
-    finally:
-        for proc in (idle,):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    """)
 
 
 # -- through the pipeline -----------------------------------------------------------------------
