@@ -1,9 +1,9 @@
-"""Inside a child: one calling convention over the three case formats and the candidate forms.
+"""Inside a child: one calling convention over the case formats and the candidate forms.
 
 ``CaseRuntime`` makes seeded inputs and calls the reference and the baseline; ``CandidateRuntime``
-loads a candidate and turns it into a zero-argument callable per input set (``run``, ``prepare``
-or a KernelBench ``ModelNew``); ``BaselineRuntime`` does the same for the case's baseline, in the
-child that times it. Only children import this module.
+loads a candidate and turns it into a zero-argument callable per input set (``run``, ``prepare``,
+a KernelBench ``ModelNew`` or a GPU MODE ``custom_kernel``); ``BaselineRuntime`` does the same for
+the case's baseline, in the child that times it. Only children import this module.
 """
 
 from __future__ import annotations
@@ -14,12 +14,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from pytest_kcoral.cases import KCORAL_BENCH, KERNELBENCH, helpers_folder, import_case_module
+from pytest_kcoral.cases import GPUMODE, KCORAL_BENCH, KERNELBENCH, NamedFiles, helpers_folder, import_case_module
 
 
 class CandidateError(Exception):
     """The candidate file does not have the shape of a candidate (also found at its first call: a
     ``prepare()`` that returns no callable), a compile failure (``child._is_compile_error``)."""
+
+
+def gpumode_data(args: tuple) -> Any:
+    """What GPU MODE's functions take, from the inputs as the harness holds them (a tuple): the
+    tensor itself for one input, the tuple for several (``generate_input``'s return)."""
+    return args[0] if len(args) == 1 else args
 
 
 class CaseRuntime:
@@ -30,10 +36,13 @@ class CaseRuntime:
         helpers = helpers_folder(self.format, Path(spec["source"]))
         if helpers is not None:  # for this process's life: the case calls its helpers lazily too
             sys.path.insert(0, str(helpers))
+        if spec.get("helper_files"):  # a GPU MODE problem's ``utils.py`` from ``../utils.py``
+            sys.meta_path.insert(0, NamedFiles({name: Path(path) for name, path in spec["helper_files"].items()}))
         self.module = import_case_module(Path(spec["source"]))
         # taken now, before any candidate loads in this process: the harness calls these between
         # timed calls (fresh inputs), where a candidate that replaced them would work untimed
-        self._entry_points = {name: getattr(self.module, name) for name in ("make_inputs", "get_inputs", "get_init_inputs", "reference", "Model")
+        self._entry_points = {name: getattr(self.module, name) for name in ("make_inputs", "get_inputs", "get_init_inputs", "reference", "Model",
+                                                                            "generate_input", "ref_kernel", "check_implementation")
                               if callable(getattr(self.module, name, None))}
         self._baseline_fn: Callable[..., Any] | None = getattr(self.module, "baseline", None)
         if self._baseline_fn is None and spec.get("baseline_file"):
@@ -57,6 +66,10 @@ class CaseRuntime:
             # KCoral's make_inputs(case) takes no device: the item's device is made the default.
             with torch.device(self.device):
                 values = self._entry_points["make_inputs"](dict(shape))
+        elif self.format == GPUMODE:
+            # task.yml's seed is replaced by the harness's; the item's device is made the default
+            with torch.device(self.device):
+                values = self._entry_points["generate_input"](**shape, seed=seed)
         else:
             values = self._entry_points["make_inputs"](dict(shape), self.device)
         if isinstance(values, dict):
@@ -83,7 +96,14 @@ class CaseRuntime:
     def reference(self, shape: dict[str, Any], args: tuple) -> Any:
         if self.format == KERNELBENCH:
             return self.bind_model(self._entry_points["Model"], shape, args)()
+        if self.format == GPUMODE:
+            return self._entry_points["ref_kernel"](gpumode_data(args))
         return self._entry_points["reference"](*args)
+
+    def check(self, args: tuple, output: Any) -> Any:
+        """The case's own verdict on an output for these inputs (GPU MODE's
+        ``check_implementation(data, output)``), as it returns it (``checker.problems_of``)."""
+        return self._entry_points["check_implementation"](gpumode_data(args), output)
 
     def baseline(self, shape: dict[str, Any], args: tuple) -> Any:
         return self.bind_baseline(shape, args)()
@@ -91,6 +111,9 @@ class CaseRuntime:
     def bind_baseline(self, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
         if self.format == KERNELBENCH:
             return self.bind_model(self._entry_points["Model"], shape, args)
+        if self.format == GPUMODE:
+            ref_kernel, data = self._entry_points["ref_kernel"], gpumode_data(args)
+            return lambda: ref_kernel(data)
         fn = self._baseline_fn or self._entry_points["reference"]
         return lambda: fn(*args)
 
@@ -180,6 +203,8 @@ class CandidateRuntime:
             self.entry = "ModelNew"
             self._model_class = model_class
             self.build_for(shape)
+        elif case.format == GPUMODE and callable(getattr(self.module, "custom_kernel", None)):
+            self.entry = "custom_kernel"  # a GPU MODE problem's candidates are submissions
         elif callable(getattr(self.module, "prepare", None)):
             self.entry = "prepare"
         elif callable(getattr(self.module, "run", None)):
@@ -206,7 +231,7 @@ class CandidateRuntime:
         if self.entry == "custom_kernel":
             # GPU MODE passes what its generate_input returned: the tensor itself for one input,
             # the tuple for several
-            data = args[0] if len(args) == 1 else args
+            data = gpumode_data(args)
             kernel = self.module.custom_kernel
             return lambda: kernel(data)
         run = self.module.run

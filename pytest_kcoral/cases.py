@@ -1,20 +1,26 @@
-"""Collect step, part one: read a case folder in any of the three formats into a ``Case``.
+"""Collect step, part one: read a case in any of its formats into a ``Case``.
 
-A case folder holds ``case.py`` (native, or a KernelBench problem) or ``bench.json`` + ``bench.py``
-(a KCoral bench folder). The case module is trusted code written by the benchmark maintainer, so it
-is imported here to read its shapes; candidates never are (see ``candidates.py``).
-Anything malformed raises ``CaseError`` naming the file and the problem.
+A case folder holds ``case.py`` (native, or a KernelBench problem), ``bench.json`` + ``bench.py``
+(a KCoral bench folder) or ``task.yml`` + ``reference.py`` (a GPU MODE problem). A KernelBench
+problem file (``<id>_<Name>.py`` in a level folder) is a case by itself. The case module is
+trusted code written by the benchmark maintainer, so it is imported here to read its shapes;
+candidates never are (see ``candidates.py``). Anything malformed raises ``CaseError`` naming the
+file and the problem.
 """
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
 import difflib
 import hashlib
+import importlib.abc
 import importlib.util
+import inspect
 import json
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -30,6 +36,13 @@ from pytest_kcoral.timing import KCORAL_SETTINGS
 NATIVE = "native"
 KCORAL_BENCH = "kcoral"
 KERNELBENCH = "kernelbench"
+GPUMODE = "gpumode"
+
+# KernelBench's problem files (``19_ReLU.py``) and the level folders that hold them (``level1``)
+KERNELBENCH_PROBLEM_FILE = re.compile(r"^(\d+)_\w+\.py$")
+KERNELBENCH_LEVEL_FOLDER = re.compile(r"^level_?(\d+)$")
+# The names a KernelBench problem defines (a native case defines make_inputs instead)
+KERNELBENCH_NAMES = ("Model", "get_inputs", "get_init_inputs")
 
 # Shape keys that steer the harness rather than parametrize the case.
 SHAPE_CONTROL_KEYS = ("id", "gpu_only")
@@ -75,14 +88,96 @@ class Case:
     cost_problems: tuple[str, ...] = ()
     # keys of a bench.json that nothing reads, each said once at its line: the case still grades
     ignored_config: tuple[tuple[int, str], ...] = ()
+    # a KernelBench problem file that shares its folder with other problems: only it is the case's
+    standalone: bool = False
+    # a KernelBench problem's level and id (``level1/19_ReLU.py``: 1 and 19), which match it to
+    # the run files ``level_1_problem_19_sample_<k>_kernel.py``; None where not known
+    level: int | None = None
+    problem_id: int | None = None
+    # modules a GPU MODE problem imports by a name of its own (task.yml's ``files``, e.g. ``utils.py``
+    # from ``../utils.py``): the module's file name -> the file
+    helper_files: dict[str, Path] = field(default_factory=dict)
+    # the case judges a candidate's outputs itself (GPU MODE's ``check_implementation``), in the
+    # trusted child; the dtype and tolerance rules do not apply
+    checker: bool = False
+    # an input a candidate returns as an output may be written and shared (GPU MODE: its harness
+    # hands a kernel a copy of the data, which may carry the output buffer, as pmpp_v2's matmul does)
+    output_buffers_in_inputs: bool = False
 
     @property
     def name(self) -> str:
-        return self.folder.name
+        """What submissions name the case by: its folder, or a problem file's stem."""
+        return self.source.stem if self.standalone else self.folder.name
 
 
 def is_case_folder(path: Path) -> bool:
-    return (path / "case.py").is_file() or (path / "bench.json").is_file()
+    return (path / "case.py").is_file() or (path / "bench.json").is_file() or is_gpumode_folder(path)
+
+
+def is_gpumode_folder(path: Path) -> bool:
+    return (path / "task.yml").is_file() and (path / "reference.py").is_file()
+
+
+def case_folder_for(path: Path) -> Path | None:
+    """The case folder a command-line path names: the folder itself, or one of the files that
+    make it a case (``cases/add/case.py``, ``problem/task.yml``), which pytest would otherwise
+    collect nothing from."""
+    if path.is_dir():
+        return path if is_case_folder(path) else None
+    if path.name in ("case.py", "bench.py", "bench.json", "task.yml", "reference.py") and is_case_folder(path.parent):
+        return path.parent
+    return None
+
+
+def is_kernelbench_problem_file(path: Path) -> bool:
+    """A KernelBench problem file: named ``<id>_<Name>.py``, defining ``Model``, ``get_inputs`` and
+    ``get_init_inputs`` at its top level (read from its syntax tree, not imported: every
+    ``<digits>_*.py`` a walk meets would otherwise run). One that does not parse counts when it
+    mentions ``get_init_inputs``, so its syntax error is reported."""
+    if not KERNELBENCH_PROBLEM_FILE.match(path.name) or not path.is_file():
+        return False
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return "get_init_inputs" in text
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return all(name in defined for name in KERNELBENCH_NAMES)
+
+
+def kernelbench_level(folder: Path) -> int | None:
+    """The level of the problems in ``folder``, from its name (``level1``, ``level_2``)."""
+    found = KERNELBENCH_LEVEL_FOLDER.match(folder.name)
+    return int(found[1]) if found else None
+
+
+def kernelbench_problem_id(name: str) -> int | None:
+    """A problem's id, from its name's leading number (``19_ReLU``: 19)."""
+    found = re.match(r"^(\d+)_", name)
+    return int(found[1]) if found else None
+
+
+def load_problem_file(path: Path, rootdir: Path) -> Case:
+    """Read a KernelBench problem file that sits among others in a level folder. Its case id is
+    its path without ``.py`` (``level1/19_ReLU``), its name the file's stem."""
+    try:
+        case_id = path.with_suffix("").relative_to(rootdir).as_posix()
+    except ValueError:
+        case_id = path.with_suffix("").as_posix()
+    with helpers_importable(helpers_folder(KERNELBENCH, path)):
+        module = import_case_module(path)
+    return _kernelbench_case(path.parent, case_id, path, module, standalone=True)
 
 
 def load_case(folder: Path, rootdir: Path) -> Case:
@@ -99,7 +194,10 @@ def load_case(folder: Path, rootdir: Path) -> Case:
                                     " or a KCoral bench folder (bench.json + bench.py); keep one of the two files"
                                     " (a bench folder's candidate named case.py needs another name)")
         return _load_kcoral_bench(folder, case_id)
-    return _load_case_py(folder, case_id)
+    if (folder / "case.py").is_file():
+        # beside a GPU MODE problem's own files, a case.py is the glue older versions needed: kept
+        return _load_case_py(folder, case_id)
+    return _load_gpumode(folder, case_id)
 
 
 def helpers_folder(case_format: str, source: Path) -> Path | None:
@@ -110,26 +208,47 @@ def helpers_folder(case_format: str, source: Path) -> Path | None:
     return None if case_format == KCORAL_BENCH else source.resolve().parent
 
 
+class NamedFiles(importlib.abc.MetaPathFinder):
+    """Top-level modules imported from files of other names or places: a GPU MODE problem's
+    ``utils`` is its task.yml's ``../utils.py`` (``Case.helper_files``)."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = {Path(name).stem: Path(path) for name, path in files.items()}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if path is None and fullname in self.files:
+            return importlib.util.spec_from_file_location(fullname, self.files[fullname])
+        return None
+
+
 @contextlib.contextmanager
-def helpers_importable(folder: Path | None) -> Iterator[None]:
+def helpers_importable(folder: Path | None, named_files: dict[str, Path] | None = None) -> Iterator[None]:
     """In the pytest process, which imports many cases in turn: the case's helpers import by plain
-    name while its module runs, and leave ``sys.modules`` afterwards, so that another case's helper
-    of the same name (``task.py``, ``utils.py``) is its own. (A child serves one case and keeps its
-    folder on ``sys.path`` for its life: ``CaseRuntime``.)"""
+    name while its module runs (``named_files`` too, by their names), and leave ``sys.modules``
+    afterwards, so that another case's helper of the same name (``task.py``, ``utils.py``) is its
+    own. (A child serves one case and keeps them importable for its life: ``CaseRuntime``.)"""
     if folder is None:
         yield
         return
     entry = str(folder)
     before = set(sys.modules)
     sys.path.insert(0, entry)
+    finder = NamedFiles(named_files) if named_files else None
+    if finder is not None:
+        sys.meta_path.insert(0, finder)
+    places = [folder, *(Path(p).resolve() for p in (named_files or {}).values())]
     try:
         yield
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(entry)
+        if finder is not None:
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(finder)
         for name in set(sys.modules) - before:
             origin = getattr(sys.modules[name], "__file__", None)
-            if origin and not name.startswith("_kcoral_") and Path(origin).resolve().is_relative_to(folder):
+            if origin and not name.startswith("_kcoral_") and any(Path(origin).resolve() == place or Path(origin).resolve().is_relative_to(place)
+                                                                  for place in places):
                 del sys.modules[name]
 
 
@@ -192,10 +311,10 @@ def import_case_module(path: Path, name_hint: str = "case") -> ModuleType:
     return module
 
 
-def _identity(folder: Path) -> dict[str, Any]:
+def _identity(folder: Path, standalone_source: Path | None = None, helper_files: dict[str, Path] | None = None) -> dict[str, Any]:
     """``Case``'s ``content_hash`` (keys cached reference results) and ``file_digests``, from one
     read of the case's own files."""
-    digests = file_digests(folder)
+    digests = file_digests(folder, standalone_source, helper_files)
     return {"content_hash": _hash_of(digests), "file_digests": digests}
 
 
@@ -207,16 +326,24 @@ def _hash_of(digests: dict[str, bytes]) -> str:
     return h.hexdigest()[:16]
 
 
-def file_digests(folder: Path) -> dict[str, bytes]:
-    """The case's own files (``.py`` and ``.json`` beside ``case.py``), by name, sorted."""
-    return {path.name: hashlib.sha256(path.read_bytes()).digest()
-            for path in sorted(folder.iterdir()) if path.is_file() and path.suffix in (".py", ".json")}
+def file_digests(folder: Path, standalone_source: Path | None = None, helper_files: dict[str, Path] | None = None) -> dict[str, bytes]:
+    """The case's own files, by name, sorted: the ``.py``, ``.json`` and ``.yml`` files beside
+    ``case.py`` (only the file itself for a problem file among others, ``standalone_source``),
+    and the files a GPU MODE problem imports from elsewhere (``helper_files``, named ``utils.py
+    (../utils.py)``)."""
+    if standalone_source is not None:
+        return {standalone_source.name: hashlib.sha256(standalone_source.read_bytes()).digest()}
+    digests = {path.name: hashlib.sha256(path.read_bytes()).digest()
+               for path in sorted(folder.iterdir()) if path.is_file() and path.suffix in (".py", ".json", ".yml", ".yaml")}
+    for name, path in sorted((helper_files or {}).items()):
+        digests[f"{name} ({path})"] = hashlib.sha256(path.read_bytes()).digest()
+    return digests
 
 
 def changed_case_files(case: Case) -> list[str]:
     """The case's files that differ from what was collected: changed, added or removed."""
     try:
-        now = file_digests(case.folder)
+        now = file_digests(case.folder, case.source if case.standalone else None, case.helper_files)
     except OSError as exc:
         return [f"{case.folder} ({exc.strerror or exc})"]
     then = case.file_digests
@@ -355,7 +482,7 @@ def _check_cost(cost: Any, shapes: list[Shape]) -> tuple[str, ...]:
     return tuple(problems)
 
 
-def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType) -> Case:
+def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType, standalone: bool = False) -> Case:
     for name in ("get_inputs", "get_init_inputs"):
         if not callable(getattr(module, name, None)):
             raise CaseError(path, f"missing required function {name}() (read as a KernelBench problem, since it defines Model;"
@@ -376,6 +503,9 @@ def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType
                 raise CaseError(path, f"shape {shape.shape_id!r} sets {name}, which is not a global of the module")
     shapes = seen + unseen
     _check_unique(path, shapes)
+    # a problem file's level is its folder's (``level1/19_ReLU.py``); a case folder's, its parent's
+    # (``level1/19_ReLU/case.py``)
+    name = path.stem if standalone else folder.name
     return Case(
         folder=folder,
         case_id=case_id,
@@ -385,7 +515,10 @@ def _kernelbench_case(folder: Path, case_id: str, path: Path, module: ModuleType
         tier=_tier(path, getattr(module, "TIER", None)),
         atol=_tolerance(path, module, "ATOL"),
         rtol=_tolerance(path, module, "RTOL"),
-        **_identity(folder),
+        **_identity(folder, path if standalone else None),
+        standalone=standalone,
+        level=kernelbench_level(folder if standalone else folder.parent),
+        problem_id=kernelbench_problem_id(name),
     )
 
 
@@ -459,3 +592,120 @@ def _ignored_bench_keys(path: Path, shown: str, config: dict[str, Any]) -> tuple
         line = next((i for i, text in enumerate(text_lines, 1) if quoted in text), 1)
         lines.append((line, message))
     return tuple(lines)
+
+
+# -- GPU MODE -----------------------------------------------------------------------------------
+
+# Keys of a GPU MODE test or benchmark that the harness replaces: the session's secret seeds
+GPUMODE_DROPPED_KEYS = ("seed",)
+GPUMODE_SUBMISSION = "@SUBMISSION@"  # task.yml's placeholder for the candidate's file
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml  # only GPU MODE folders need it
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise CaseError(path, f"invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+
+
+def _gpumode_shapes(path: Path, entries: Any, split: str, what: str) -> list[Shape]:
+    """``tests``/``benchmarks`` (or ``unseen.json``) without their seeds, each shape once: GPU MODE
+    lists one shape under both with two seeds, and the session's seeds replace both."""
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise CaseError(path, f"{what} must be a list of shape dicts, got {type(entries).__name__}")
+    unseeded, seen_ids = [], set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise CaseError(path, f"{what}[{i}] must be a shape dict, got {type(entry).__name__} {entry!r}")
+        params = {k: v for k, v in entry.items() if k not in GPUMODE_DROPPED_KEYS}
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in seen_ids:
+            seen_ids.add(key)
+            unseeded.append(params)
+    return _make_shapes(path, unseeded, split, what)
+
+
+def _gpumode_files(task_path: Path, task: dict[str, Any]) -> dict[str, Path]:
+    """The modules task.yml's ``files`` sets up under a name of their own (``utils.py`` from
+    ``../utils.py``); the candidate's placeholder and the runner GPU MODE's harness starts
+    (``config.main``, replaced by this one) are left out, and so are files already in place."""
+    folder = task_path.parent
+    files = task.get("files") or []
+    if not isinstance(files, list):
+        raise CaseError(task_path, f'"files" must be a list of {{"name": ..., "source": ...}}, got {type(files).__name__}')
+    config = task.get("config") if isinstance(task.get("config"), dict) else {}
+    runner = config.get("main")
+    named: dict[str, Path] = {}
+    for i, entry in enumerate(files):
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("source"), str)):
+            raise CaseError(task_path, f'files[{i}] must be {{"name": ..., "source": ...}}, got {entry!r}')
+        name, source = entry["name"], entry["source"]
+        if source == GPUMODE_SUBMISSION or name == runner or not name.endswith(".py") or "/" in name:
+            continue
+        path = (folder / source).resolve()
+        if not path.is_file():
+            raise CaseError(task_path, f"files[{i}] sets up {name} from {source}, and {path} is not a file")
+        if path != (folder / name).resolve():
+            named[name] = path
+    return named
+
+
+def _load_gpumode(folder: Path, case_id: str) -> Case:
+    """A GPU MODE problem folder: ``task.yml`` (``tests``, ``benchmarks``, ``files``) and
+    ``reference.py`` (``ref_kernel``, ``generate_input``, optional ``check_implementation``)."""
+    task_path = folder / "task.yml"
+    task = _read_yaml(task_path)
+    if not isinstance(task, dict):
+        raise CaseError(task_path, "must hold a mapping (tests, benchmarks, files, ...)")
+    seen = _gpumode_shapes(task_path, task.get("tests"), "seen", '"tests"')
+    seen_ids = {s.shape_id for s in seen}
+    seen += [s for s in _gpumode_shapes(task_path, task.get("benchmarks"), "seen", '"benchmarks"') if s.shape_id not in seen_ids]
+    if not seen:
+        raise CaseError(task_path, 'no "tests" or "benchmarks": a case needs at least one seen shape')
+    unseen_path = folder / "unseen.json"
+    unseen = _gpumode_shapes(unseen_path, _read_json(unseen_path), "unseen", "unseen.json") if unseen_path.is_file() else []
+    shapes = seen + unseen
+    _check_unique(task_path, shapes)
+    helper_files = _gpumode_files(task_path, task)
+    source = folder / "reference.py"
+    with helpers_importable(folder, helper_files):
+        module = import_case_module(source, "reference")
+    _require_callable(source, module, "ref_kernel")
+    _require_callable(source, module, "generate_input")
+    checker = getattr(module, "check_implementation", None)
+    if checker is not None and not callable(checker):
+        raise CaseError(source, "check_implementation must be a function of (data, output)")
+    _check_generate_input(source, module.generate_input, shapes, task_path)
+    return Case(
+        folder=folder,
+        case_id=case_id,
+        format=GPUMODE,
+        source=source,
+        shapes=shapes,
+        **_identity(folder, None, helper_files),
+        helper_files=helper_files,
+        checker=checker is not None,
+        output_buffers_in_inputs=True,
+    )
+
+
+def _check_generate_input(source: Path, generate_input: Any, shapes: list[Shape], task_path: Path) -> None:
+    """``generate_input(**shape, seed=...)`` must accept every shape: a misspelt key in task.yml is
+    then an error naming it, not a TypeError in every candidate's item."""
+    try:
+        signature = inspect.signature(generate_input)
+    except (TypeError, ValueError):
+        return  # a builtin or a C function: it says at its first call
+    for shape in shapes:
+        try:
+            signature.bind(**shape.params, seed=0)
+        except TypeError as exc:
+            takes = ", ".join(signature.parameters)
+            raise CaseError(task_path, f"{shape.split} shape {shape.shape_id} does not fit generate_input({takes}) in {source.name},"
+                                       f" called with the shape's keys and a seed: {exc}") from None

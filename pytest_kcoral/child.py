@@ -310,6 +310,14 @@ class _Runner:
         problems += correctness.describe_changed_inputs(correctness.changed_inputs(args, base_args), sorted(inplace))
         return problems, False
 
+    def _cmd_check(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
+        """The case's own verdict on a candidate's outputs, per seed (GPU MODE's
+        ``check_implementation``): see ``checker.py``."""
+        from pytest_kcoral import checker
+
+        self._require(TRUSTED)
+        return checker.check_outputs(self.case, header, payload), None
+
     def _cmd_cost(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         """The case's cost at the shape and the physical floor its bytes allow (a bandwidth
         measurement on the device, so under the lease)."""
@@ -381,7 +389,7 @@ class _Runner:
         shape = header["shape"]
         written_inputs = header.get("written_inputs") or []
         allowed_aliases = {(int(i), int(j)) for i, j in header.get("allowed_aliases") or ()}
-        outputs, inputs_changed, findings, structures, written = [], [], [], [], []
+        outputs, inputs_changed, findings, structures, written, aliases = [], [], [], [], [], []
         for cpu_args in payload["inputs"]:
             # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
             # wrote: a copy made on the device, not a second transfer from the host
@@ -399,7 +407,11 @@ class _Runner:
             outputs.append(_to_cpu(out_tuple) if not problems else None)
             written.append(_to_cpu(tuple(args[j] for j in written_inputs)) if not problems else None)
             inputs_changed.append(correctness.changed_inputs(before, args))
-        return {"findings": findings, "inputs_changed": inputs_changed, "structures": structures}, {"outputs": outputs, "written": written}
+            # which outputs are inputs: a GPU MODE kernel may write the output buffer its data carries
+            # (only for plain dense outputs: a sparse one, say, has no storage to compare)
+            aliases.append([list(pair) for pair in sorted(_aliases(out_tuple, args))] if not problems else [])
+        return ({"findings": findings, "inputs_changed": inputs_changed, "structures": structures, "output_aliases": aliases},
+                {"outputs": outputs, "written": written})
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
         self._require(CANDIDATE, BASELINE)

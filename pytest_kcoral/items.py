@@ -1,15 +1,16 @@
-"""Collect step, part three: pytest nodes. A case folder is a collector; each (candidate, shape)
-is an item whose ``runtest`` hands the work to the session's executor."""
+"""Collect step, part three: pytest nodes. A case folder (or a KernelBench problem file among
+others) is a collector; each (candidate, shape) is an item whose ``runtest`` hands the work to the
+session's executor."""
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pytest
 
 from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
-from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case
+from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case, load_problem_file
 from pytest_kcoral.pipeline import ItemSpec
 from pytest_kcoral.report import junit_figure
 from pytest_kcoral.results import ItemResult
@@ -26,45 +27,66 @@ class KernelFailure(Exception):
         self.result = result
 
 
+class CandidateFailure(KernelFailure):
+    """A failure that is the candidate's own: not its case's, nor a grading service's. Only this
+    one is what a known-wrong candidate is expected to give (``xfail(raises=...)``)."""
+
+
+KNOWN_WRONG_REASON = "known answer: a wrong candidate, expected to fail"
+
+
+def _case_items(collector: pytest.Collector, load: Callable[[], Case]) -> tuple[Case, list[pytest.Item]]:
+    """The items of the case ``load`` reads: every candidate times every shape, shape by shape."""
+    from pytest_kcoral.plugin import settings_key, submissions_matched_key
+
+    config = collector.config
+    settings = config.stash[settings_key]
+    try:
+        case = load()
+        candidates = find_candidates(case, settings.submissions)
+    except CaseError as exc:
+        # one broken case must not stop the others from running
+        config.option.continue_on_collection_errors = True
+        raise collector.CollectError(str(exc)) from None
+    taken = config.stash.setdefault(submissions_matched_key, {})
+    for c in candidates:
+        if c.team is not None:
+            taken.setdefault(c.path, set()).add(case.case_id)
+    if not candidates and not settings.submissions:
+        # a first case without its candidates/ folder would otherwise grade nothing in silence
+        # (with --kcoral-submissions, a case nobody submitted for is expected)
+        warnings.warn_explicit(pytest.PytestWarning(_no_candidates(case)), None, filename=str(case.source), lineno=1)
+    for lineno, message in case.ignored_config:  # a bench folder's: said at its bench.json
+        warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.folder / "bench.json"), lineno=lineno)
+    for problem in case.cost_problems:
+        # optional figures: the case still grades, without them on that shape
+        message = f"{case.case_id}: {problem}; that shape gets no speed-of-light figures or physical floor"
+        warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
+    # shape by shape: a shape's items sit next to each other, so xdist, which hands out
+    # consecutive items in chunks, tends to give them to one worker, and that worker's
+    # reference data for the shape (computed under the lease) serves all of them
+    items = [KernelItem.from_parent(collector, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate,
+                                    shape=shape)
+             for shape in case.shapes for candidate in candidates]
+    return case, items
+
+
+def _no_candidates(case: Case) -> str:
+    if case.standalone:
+        level = f"level_{case.level}" if case.level is not None else "level_<L> (its folder is named level<L>)"
+        return (f"{case.case_id}: no candidates to grade (a KernelBench problem's are --kcoral-submissions RUN_DIR files named"
+                f" {level}_problem_{case.problem_id}_sample_<k>_kernel.py, or <team>/{case.name}.py)")
+    folder = bundled_folder(case)
+    shown = case.case_id if folder == case.folder else f"{case.case_id}/{folder.name}"
+    return f"{case.case_id}: no candidates to grade (no .py files in {shown}/)"
+
+
 class CaseDirectory(pytest.Directory):
     """A case folder: its items are every candidate times every shape."""
 
     def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
-        from pytest_kcoral.plugin import settings_key, submissions_matched_key
-
-        settings = self.config.stash[settings_key]
-        try:
-            case = load_case(self.path, self.config.rootpath)
-            candidates = find_candidates(case, settings.submissions)
-        except CaseError as exc:
-            # one broken case must not stop the others from running
-            self.config.option.continue_on_collection_errors = True
-            raise self.CollectError(str(exc)) from None
-        taken = self.config.stash.setdefault(submissions_matched_key, {})
-        for c in candidates:
-            if c.team is not None:
-                taken.setdefault(c.path, set()).add(case.case_id)
-        if not candidates and not settings.submissions:
-            # a first case without its candidates/ folder would otherwise grade nothing in silence
-            # (with --kcoral-submissions, a case nobody submitted for is expected)
-            folder = bundled_folder(case)
-            shown = case.case_id if folder == case.folder else f"{case.case_id}/{folder.name}"
-            message = f"{case.case_id}: no candidates to grade (no .py files in {shown}/)"
-            warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
-        for lineno, message in case.ignored_config:  # a bench folder's: said at its bench.json
-            warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.folder / "bench.json"), lineno=lineno)
-        for problem in case.cost_problems:
-            # optional figures: the case still grades, without them on that shape
-            message = f"{case.case_id}: {problem}; that shape gets no speed-of-light figures or physical floor"
-            warnings.warn_explicit(pytest.PytestWarning(message), None, filename=str(case.source), lineno=1)
-        # shape by shape: a shape's items sit next to each other, so xdist, which hands out
-        # consecutive items in chunks, tends to give them to one worker, and that worker's
-        # reference data for the shape (computed under the lease) serves all of them
-        for shape in case.shapes:
-            for candidate in candidates:
-                yield KernelItem.from_parent(
-                    self, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate, shape=shape
-                )
+        case, items = _case_items(self, lambda: load_case(self.path, self.config.rootpath))
+        yield from items
         yield from self._collect_the_rest(case)
 
     def _collect_the_rest(self, case: Case) -> Iterable[pytest.Item | pytest.Collector]:
@@ -86,6 +108,15 @@ class CaseDirectory(pytest.Directory):
                 yield from ihook.pytest_collect_file(file_path=entry, parent=self)
 
 
+class KernelBenchProblem(pytest.File):
+    """A KernelBench problem file among others in a level folder (``level1/19_ReLU.py``): a case
+    by itself, whose candidates are submissions (KernelBench's run files)."""
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        _, items = _case_items(self, lambda: load_problem_file(self.path, self.config.rootpath))
+        return items
+
+
 class KernelItem(pytest.Item):
     def __init__(self, *, case: Case, candidate: Candidate, shape: Shape, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -95,6 +126,11 @@ class KernelItem(pytest.Item):
         self.add_marker("kcoral")
         self.add_marker(shape.split)
         self.add_marker(f"tier{case.tier}")
+        if candidate.expected == "fail":
+            # a failing item is expected: xfailed. Passing items show as xpassed; a known-wrong
+            # candidate that passes every item fails the session (``known_answers``), since a
+            # wrong solution may well be right on some shapes. A case's failure stays a failure.
+            self.add_marker(pytest.mark.xfail(reason=KNOWN_WRONG_REASON, raises=CandidateFailure, strict=False))
 
     def runtest(self) -> None:
         from pytest_kcoral.plugin import get_executor
@@ -109,7 +145,9 @@ class KernelItem(pytest.Item):
             # every later item would wait for it too: stop, and the artifact says partial
             self.session.shouldstop = f"stopped: {(result.message or '').splitlines()[0]}"
         if result.outcome != "passed":
-            raise KernelFailure(result)
+            if result.case_failed or result.extra.get("service_unavailable"):
+                raise KernelFailure(result)
+            raise CandidateFailure(result)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, KernelFailure):

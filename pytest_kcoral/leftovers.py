@@ -1,9 +1,11 @@
 """What a candidate leaves behind: threads, processes and sockets still alive after a call returns.
 
 Work left in a background thread or a detached process after ``run`` returns is work the timer
-never saw, so an item whose candidate leaves any fails. The child takes a ``Baseline`` after the
-harness's own start-up and before the candidate loads; after every candidate command it asks
-``find`` what is new. Processes are found through ``/proc`` (no psutil in a child): the child is a
+never saw, so an item whose candidate leaves one that *works* fails. Libraries leave idle ones
+(tqdm's monitor, ``torch.compile``'s compile workers): those are told apart by the CPU time they
+use (``/proc/<pid>/task/<tid>/schedstat``), and watched from one command to the next. The child
+takes a ``Baseline`` after the harness's own start-up and before the candidate loads; after every
+candidate command it asks ``find`` what is new and what the watched ones did. Processes are found through ``/proc`` (no psutil in a child): the child is a
 *subreaper* (``PR_SET_CHILD_SUBREAPER``), so a grandchild that detaches itself (``setsid`` and a
 double fork) is re-parented to the child instead of to init and stays among its descendants.
 
@@ -213,41 +215,147 @@ def _socket_inodes() -> set[str]:
     return inodes
 
 
+# What a thread or process left running may use of a CPU and still count as idle: a library's
+# monitor that wakes now and then (tqdm's every 10 s) uses microseconds, a thread doing a kernel's
+# work uses most of a core. The allowance: IDLE_CPU_S, plus IDLE_CPU_SHARE of the wall time watched.
+IDLE_CPU_S = 0.005
+IDLE_CPU_SHARE = 0.02
+
+
+def idle_allowance_s(watched_s: float) -> float:
+    """CPU seconds a leftover may use over ``watched_s`` of wall time and still be idle."""
+    return IDLE_CPU_S + IDLE_CPU_SHARE * max(watched_s, 0.0)
+
+
+def _task_cpu_s(task_dir: str) -> float | None:
+    """CPU time of one thread (``/proc/<pid>/task/<tid>``): nanoseconds from ``schedstat``, else
+    the clock ticks of ``stat``; None when it is gone."""
+    try:
+        with open(f"{task_dir}/schedstat", "rb") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"{task_dir}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def thread_cpu_s(thread: threading.Thread) -> float | None:
+    """CPU time a thread of this process has used; None when it is gone."""
+    if thread.native_id is None:
+        return None
+    return _task_cpu_s(f"/proc/self/task/{thread.native_id}")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU time a process has used, all its threads together; None when it is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    used = [_task_cpu_s(f"/proc/{pid}/task/{tid}") for tid in tasks]
+    return sum(u for u in used if u is not None) if any(u is not None for u in used) else None
+
+
 @dataclass
 class Baseline:
-    """What the harness itself has running before the candidate loads."""
+    """What the harness itself has running before the candidate loads, and the idle leftovers
+    accepted at the last audit (``find``), watched since with their CPU time then."""
 
     threads: set[int] = field(default_factory=set)
     sockets: set[str] = field(default_factory=set)
+    watched_threads: dict[int, float] = field(default_factory=dict)  # thread ident -> CPU s at the last audit
+    watched_processes: dict[int, float] = field(default_factory=dict)  # pid -> CPU s at the last audit
+    last_audit: float = field(default_factory=time.monotonic)
 
     @classmethod
     def take(cls) -> Baseline:
         return cls({t.ident for t in threading.enumerate() if t.ident is not None}, _socket_inodes())
 
     def find(self, grace_s: float = THREAD_GRACE_S) -> list[str]:
-        """Sentences naming each thread, process and socket left behind since the baseline.
+        """Sentences naming each thread, process and socket left behind since the baseline that
+        works: an idle one (a library's monitor, a pool of compile workers) is watched instead.
 
-        Processes found are killed (they are the candidate's, and nothing should outlive a call).
+        A thread or process new since the last audit gets ``grace_s`` to end, and is judged by the
+        CPU it uses meanwhile; one already watched, by the CPU it used since the last audit (the
+        command just run: its calls, the checks between them and after them). Processes found
+        working are killed with all others (they are the candidate's, and the item fails).
         """
         problems = []
-        deadline = time.monotonic() + grace_s
+        started = time.monotonic()
+        since_last_s = started - self.last_audit
         threads = self._new_threads()
-        while threads and time.monotonic() < deadline:
-            threads[0].join(max(0.0, deadline - time.monotonic()))
-            threads = self._new_threads()
-        for t in threads:
-            problems.append(f"left a thread running after returning: {t.name!r} (daemon={t.daemon})")
+        fresh = [t for t in threads if t.ident not in self.watched_threads]
+        fresh_cpu = {t.ident: thread_cpu_s(t) for t in fresh}
         reap()
-        pids = [p for p in descendants(os.getpid()) if _state_of(p) != "Z"]
-        if pids:
-            names = [describe(p) for p in pids]
+        pids = self._live_descendants()
+        fresh_pids = [p for p in pids if p not in self.watched_processes]
+        fresh_pid_cpu = {p: process_cpu_s(p) for p in fresh_pids}
+        deadline = started + grace_s
+        waiting = [t for t in fresh if t.is_alive()]
+        while waiting and time.monotonic() < deadline:
+            waiting[0].join(max(0.0, deadline - time.monotonic()))
+            waiting = [t for t in waiting if t.is_alive()]
+        if fresh_pids:  # a process has the same grace, to be seen at rest or working
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        watched_s = time.monotonic() - started
+        kept_threads: dict[int, float] = {}
+        for t in self._new_threads():
+            now = thread_cpu_s(t)
+            if now is None:
+                continue  # ended meanwhile
+            if t.ident in self.watched_threads:
+                used, over = now - self.watched_threads[t.ident], since_last_s + watched_s
+                when = "while the candidate was checked or timed (since the last check)"
+            else:
+                start = fresh_cpu.get(t.ident)  # None: started while watched, by another leftover
+                used, over = now - (start if start is not None else 0.0), watched_s
+                when = "after returning"
+            if used > idle_allowance_s(over):
+                problems.append(f"left a thread running after returning that keeps computing: {t.name!r} (daemon={t.daemon}; "
+                                f"{used * 1e3:.0f} ms of CPU in {over * 1e3:.0f} ms {when}; an idle thread uses next to none)")
+            else:
+                kept_threads[t.ident] = now
+        reap()
+        working, kept_processes = [], {}
+        now_pids = self._live_descendants()
+        for pid in now_pids:
+            now = process_cpu_s(pid)
+            if now is None:
+                continue
+            if pid in self.watched_processes:
+                used, over = now - self.watched_processes[pid], since_last_s + watched_s
+            elif pid in fresh_pid_cpu:
+                start = fresh_pid_cpu[pid]
+                used, over = now - (start if start is not None else 0.0), watched_s
+            else:  # started while watched: a process that keeps starting others
+                used, over = float("inf"), watched_s
+            if used > idle_allowance_s(over):
+                working.append(pid)
+            else:
+                kept_processes[pid] = now
+        if working:
+            names = [describe(p) for p in working]
             kill_tree(os.getpid())
             reap()
-            problems.append(f"left {len(pids)} process(es) running after returning: " + ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
+            problems.append(f"left {len(now_pids)} process(es) running after returning, {len(working)} of them working (using CPU or"
+                            " starting processes) while the candidate was checked or timed: "
+                            + ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
+            kept_processes = {}
         sockets = _socket_inodes() - self.sockets
         if sockets:
             problems.append(f"left {len(sockets)} socket(s) open after returning")
+        self.watched_threads, self.watched_processes = kept_threads, kept_processes
+        self.last_audit = time.monotonic()
         return problems
+
+    @staticmethod
+    def _live_descendants() -> list[int]:
+        return [p for p in descendants(os.getpid()) if _state_of(p) != "Z"]
 
     def _new_threads(self) -> list[threading.Thread]:
         # a _DummyThread is a native thread (CUPTI's buffer callbacks, a driver's worker) that ran

@@ -11,6 +11,7 @@ KCoral service) can take its place.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
@@ -21,15 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
 
-from pytest_kcoral import (
-    correctness,
-    cpu_share,
-    isolation,
-    speed_of_light,
-    speedup_interval,
-    static_report,
-    timing,
-)
+from pytest_kcoral import checker, correctness, cpu_share, isolation, speed_of_light, speedup_interval, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape, changed_case_files
 from pytest_kcoral.child import BASELINE as BASELINE_ROLE
@@ -166,6 +159,7 @@ class ReferenceData:
     output_aliases: tuple[tuple[int, int], ...] = ()
     # a KernelBench Model holds parameters (its weights come from the init seed); None: another format
     model_has_parameters: bool | None = None
+    seeds: list[int] = field(default_factory=list)  # each trial's: a case's checker makes its inputs again
 
     def record_into(self, result: ItemResult) -> None:
         """What the reference's side found, known before the candidate runs, into the item."""
@@ -227,6 +221,7 @@ class LocalExecutor:
             tier=case.tier,
             team=cand.team,
             attempt=cand.attempt,
+            expected=cand.expected,
         )
         started = time.monotonic()
         if self.cpu_threads is not None:
@@ -297,6 +292,7 @@ class LocalExecutor:
             "device_kind": self.device_kind,
             "init_seed": derive_seed(self.settings.seed, case.case_id, "init"),
             "cpu_threads": self.cpu_threads,
+            "helper_files": {name: str(path) for name, path in case.helper_files.items()},
         }
 
     def _child_env(self) -> dict[str, str]:
@@ -354,7 +350,7 @@ class LocalExecutor:
                 ref = self._reference_data(spec, device, trusted, tol)
             ref.record_into(result)
             with timed_phase(result, "correctness"):
-                self._check_correctness(spec, candidate, ref, device, tol)
+                self._check_correctness(spec, candidate, ref, device, tol, trusted)
             if self.diagnostics and self.diagnostics.sanitizer:
                 deadline = self._diagnose(spec, ref, device, result, "sanitizer", candidate, deadline)
             result.correct = True
@@ -563,6 +559,7 @@ class LocalExecutor:
             written=payload.get("written") or [],
             output_aliases=tuple((int(i), int(j)) for i, j in header.get("output_aliases") or ()),
             model_has_parameters=header.get("model_has_parameters"),
+            seeds=seeds,
         )
         if not data.written_inputs and all(v is None for ref in data.reference for v in ref):
             raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference returns nothing and writes none of its INPLACE"
@@ -635,7 +632,8 @@ class LocalExecutor:
         self._skip_if_case_needs_cuda(failure)
         raise StageFailed(stage, CASE_FAILED_PREFIX + _describe_child_failure(stage, failure), phase, case_failed=True) from None
 
-    def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance) -> None:
+    def _check_correctness(self, spec: ItemSpec, candidate: Child, ref: ReferenceData, device: str, tol: correctness.Tolerance,
+                           trusted: Callable[[], Child]) -> None:
         header, payload = self._stage("correctness", lambda: candidate.call("run", "correctness", reply_limit_bytes=_reply_limit(ref, len(ref.inputs)),
                                                                             **correctness_run(spec, ref, device)))
         outputs = payload["outputs"]
@@ -649,13 +647,19 @@ class LocalExecutor:
         structures = header.get("structures")
         if not _well_formed_structures(structures, outputs, len(ref.inputs)):
             raise StageFailed("correctness", f"the candidate's child reported an unreadable output structure {str(structures)[:200]} (results forged?)", "correctness")
+        judged = None  # the case's own checker's verdicts (GPU MODE), asked of the trusted child
+        if spec.case.checker:
+            judge = [None if header["findings"][t] or correctness.compare_structure(structures[t], ref.structure) else out
+                     for t, out in enumerate(outputs)]
+            judged = checker.trial_problems(functools.partial(self._trusted_call, trusted), spec.shape.params, device, ref.seeds, judge,
+                                            structures, ref.reference)
         for t in range(len(ref.inputs)):
             trial = [*header["findings"][t]]
             if not trial:
                 trial += correctness.compare_structure(structures[t], ref.structure)
             if not trial:
-                trial += _compare_trial(ref, t, outputs[t], written[t], tol)
-            trial += correctness.describe_changed_inputs(changed[t], spec.case.inplace)
+                trial += judged[t] if judged is not None else _compare_trial(ref, t, outputs[t], written[t], tol)
+            trial += correctness.describe_changed_inputs(changed[t], _may_write(spec.case, header, t))
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
         if spec.case.format == KERNELBENCH and ref.model_has_parameters and _mostly_wrong(problems, len(ref.inputs)):
             # the usual cause: ModelNew draws its parameters in another order than Model (a Model
@@ -726,7 +730,7 @@ class LocalExecutor:
         checked = _timed_outputs_to_check(all_cand, [v for pair in pairs for v in pair.verify], combine.kept_rounds(pairs, "candidate"),
                                           random.Random(derive_seed(self.settings.seed, spec.nodeid, "verify")))
         with timed_phase(result, "verify"):
-            self._verify_timed_outputs(trusted, checked, spec, device, tol, written_inputs)
+            self._verify_timed_outputs(trusted, checked, spec, device, tol, written_inputs, ref.structure)
         self._check_floor(floor, baseline_stats, candidate_stats, result)
         minimum = self.settings.min_speedup
         if minimum is not None:
@@ -838,7 +842,7 @@ class LocalExecutor:
             try:
                 candidate = self._candidate_child(spec, stack, deadline)
                 self._stage("compile", lambda: candidate.call("load_candidate", "import", path=str(spec.candidate.path), shape=spec.shape.params))
-                self._check_correctness(spec, candidate, ref, device, tol)
+                self._check_correctness(spec, candidate, ref, device, tol, lambda: self._trusted_child(spec.case, deadline))
             except StageFailed as failure:
                 raise StageFailed("timing", "timed again in fresh processes (the host's speed sets this item's), the candidate's"
                                   f" new process failed at {failure.stage}: {failure.message}", failure.phase, case_failed=failure.case_failed,
@@ -905,10 +909,18 @@ class LocalExecutor:
             )
 
     def _verify_timed_outputs(self, trusted: Callable[[], Child], verify: list[dict], spec: ItemSpec, device: str, tol: correctness.Tolerance,
-                              written_inputs: tuple[int, ...] = ()) -> None:
+                              written_inputs: tuple[int, ...] = (), structure: Any = None) -> None:
         """The outputs of timed calls must be right too, and the inputs they write in place: no
-        computing only while watched."""
+        computing only while watched. A case with a checker of its own judges them (``structure``:
+        the reference's outputs', which the candidate's matched in the correctness stage)."""
         if not verify:
+            return
+        if spec.case.checker:
+            found = checker.timed_problems(functools.partial(self._trusted_call, trusted), spec.shape.params, device, verify, structure)
+            problems = [f"timed call {n + 1}: {p}" for n, trial in enumerate(found) for p in trial]
+            if problems:
+                raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify",
+                                  disqualifies=True)
             return
         seeds = [v["seed"] for v in verify]
         _, payload = self._trusted_call(trusted, "reference", "verify", shape=spec.shape.params, seeds=seeds, device=device,
@@ -994,8 +1006,22 @@ def correctness_run(spec: ItemSpec, ref: ReferenceData, device: str) -> dict[str
     import torch
 
     poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
+    aliases = ref.output_aliases
+    if spec.case.output_buffers_in_inputs:  # any output may be an input: ``_may_write`` judges the writes
+        aliases = tuple((i, j) for i in range(len(ref.reference[0])) for j in range(len(ref.inputs[0])))
     return dict(payload={"inputs": ref.inputs}, shape=spec.shape.params, device=device, poison_bytes=poison,
-                written_inputs=list(ref.written_inputs), allowed_aliases=[list(pair) for pair in ref.output_aliases])
+                written_inputs=list(ref.written_inputs), allowed_aliases=[list(pair) for pair in aliases])
+
+
+def _may_write(case: Case, header: dict[str, Any], trial: int) -> tuple[int, ...]:
+    """The inputs a candidate's call may change in a trial: ``INPLACE``'s, and, where a case's data
+    carries output buffers (GPU MODE), the inputs the call returned as outputs (``c[...] = a @ b;
+    return c``). Any other input must come back unchanged."""
+    if not case.output_buffers_in_inputs:
+        return case.inplace
+    aliases = header.get("output_aliases")
+    returned = aliases[trial] if isinstance(aliases, list) and trial < len(aliases) and isinstance(aliases[trial], list) else []
+    return (*case.inplace, *(pair[1] for pair in returned if isinstance(pair, list) and len(pair) == 2 and type(pair[1]) is int))
 
 
 def _run_problems(header: dict[str, Any], payload: Any, ref: ReferenceData, tol: correctness.Tolerance) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_kcoral import options
 from pytest_kcoral.candidates import bundled_candidate_at
-from pytest_kcoral.cases import is_case_folder
+from pytest_kcoral.cases import KERNELBENCH_PROBLEM_FILE, case_folder_for, is_case_folder, is_kernelbench_problem_file
 from pytest_kcoral.options import Settings
 
 settings_key = pytest.StashKey[Settings]()
@@ -135,7 +135,11 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
             continue
         positional.pop(0)
         path, sep, rest = arg.partition("::")
-        if sep and rest and is_case_folder(Path(path)):
+        folder = case_folder_for(Path(path))
+        if folder is not None and Path(path) != folder:
+            args[i] = arg = str(folder) + (sep + rest if sep else "")  # the case's file: its folder
+            path = str(folder)
+        if sep and rest and folder is not None:
             args[i] = path
             selected.append((str(Path(path).resolve()), rest, arg))
         elif not sep and (candidate := bundled_candidate_at(Path(arg))) is not None:
@@ -204,7 +208,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if unmatched:
             warnings.warn(pytest.PytestWarning(
                 f"--kcoral-submissions {root}: {len(unmatched)} file(s) match no collected case and are not graded: {_a_few(unmatched)}"
-                " (a submission is <team>/<case>.py or <team>/<case>/<attempt>.py, <case> being a case folder's name)"))
+                " (a submission is <team>/<case>.py or <team>/<case>/<attempt>.py, <case> being a case folder's name; or KernelBench's"
+                " level_<L>_problem_<id>_sample_<k>_kernel.py, matched to the problem file <id>_<Name>.py in a folder named level<L>)"))
         shared: dict[tuple[str, ...], list[str]] = {}  # the cases that took the same files -> those files
         for p in files:
             if len(matched.get(p, ())) > 1:
@@ -229,6 +234,17 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         return None
     resolved = collection_path.resolve()
     return True if any(resolved == root or root in resolved.parents for root in settings.submissions) else None
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """A KernelBench problem file (``level1/19_ReLU.py``) is a case of its own, found in a walk
+    of its folder or given on the command line."""
+    if file_path.suffix == ".py" and KERNELBENCH_PROBLEM_FILE.match(file_path.name) and is_kernelbench_problem_file(file_path):
+        from pytest_kcoral.items import KernelBenchProblem
+
+        _start_children_early(parent.config)
+        return KernelBenchProblem.from_parent(parent, path=file_path)
+    return None
 
 
 def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -264,6 +280,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if result is not None:
             # a plain attribute of the report: pytest-xdist carries it to the controller
             report.kcoral_result = result.to_dict()
+            if getattr(report, "wasxfail", None) and result.outcome == "failed":  # a known-wrong candidate: say how it failed
+                report.wasxfail += f"; {result.stage} failed: {(result.message or '').splitlines()[0][:200]}"
     return report
 
 

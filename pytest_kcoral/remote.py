@@ -86,8 +86,14 @@ def _harness_files() -> dict[str, bytes]:
 
 
 def _case_files(case: Case) -> dict[str, bytes]:
-    """The case folder's own files (not subfolders: ``candidates/`` stays here)."""
-    return {f"case/{p.name}": p.read_bytes() for p in sorted(case.folder.iterdir()) if p.is_file() and not p.name.endswith(".pyc")}
+    """The case folder's own files (not subfolders: ``candidates/`` stays here), and the modules a
+    GPU MODE problem sets up from elsewhere, under their names beside them (``utils.py``); a
+    KernelBench problem file among others alone."""
+    if case.standalone:  # a KernelBench problem file among others: only it is the case's
+        return {f"case/{case.source.name}": case.source.read_bytes()}
+    files = {f"case/{p.name}": p.read_bytes() for p in sorted(case.folder.iterdir()) if p.is_file() and not p.name.endswith(".pyc")}
+    files.update({f"case/{name}": path.read_bytes() for name, path in case.helper_files.items()})
+    return files
 
 
 class RemoteExecutor(LocalExecutor):
@@ -154,7 +160,7 @@ class RemoteExecutor(LocalExecutor):
             self._stage("compile", lambda: candidate.call("load_candidate", "import"))
         result.compiled = True
         with timed_phase(result, "correctness"):
-            self._check_correctness(spec, candidate, ref, device, tol)
+            self._check_correctness(spec, candidate, ref, device, tol, trusted)
         result.correct = True
         if self.settings.mode != "correctness":
             with timed_phase(result, "timing"):
@@ -244,6 +250,7 @@ class RemoteExecutor(LocalExecutor):
         # paths relative to the program's workspace, where ``_case_files`` puts them
         spec = super()._case_spec(case)
         spec["source"] = f"case/{case.source.name}"
+        spec["helper_files"] = {}  # uploaded beside the case's files (``_case_files``)
         if case.baseline_file:
             spec["baseline_file"] = f"case/{case.baseline_file.name}"
         return spec

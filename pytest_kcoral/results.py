@@ -74,6 +74,8 @@ class ItemResult:
     tier: int = 1
     team: str | None = None  # submissions only
     attempt: str | None = None  # submissions with several attempts
+    # a known answer: "fail" for a candidate under wrong/, "pass" under correct/, else None
+    expected: str | None = None
 
     # How far it got: the stage that failed, or "done".
     stage: str = "compile"

@@ -13,20 +13,28 @@ Item data never leaves the worker: sharing it through files would hand it to sam
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_kcoral.cases import is_kernelbench_problem_file
+
 
 def shape_scope(nodeid: str, rootpath: Path) -> str:
-    """``cases/x::cand[seen-n=4]`` -> ``cases/x::[seen-n=4]`` for a case folder's items; any
-    other node id is its own unit."""
+    """``cases/x::cand[seen-n=4]`` -> ``cases/x::[seen-n=4]`` for the items of a case folder or
+    of a KernelBench problem file (``level1/19_ReLU.py``); any other node id is its own unit."""
     path, sep, rest = nodeid.partition("::")
     name, bracket, params = rest.partition("[")
-    if sep and bracket and name and "::" not in rest and (rootpath / path).is_dir():
+    if sep and bracket and name and "::" not in rest and ((rootpath / path).is_dir() or _problem_file(rootpath / path)):
         return f"{path}::[{params}"
     return nodeid
+
+
+@functools.lru_cache(maxsize=4096)
+def _problem_file(path: Path) -> bool:
+    return path.suffix == ".py" and is_kernelbench_problem_file(path)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)

@@ -10,7 +10,10 @@ Rules that hold everywhere:
 - a pair is *correct* when it has at least one seen item and every seen item is correct;
 - speed credit (AgentKernelArena, bench-lite, fast_p, suite speedups, leaderboard) needs a
   speedup on every seen item: a speedup is only computed between like timing methods, and a
-  candidate must not earn credit by getting its slow shapes timed differently.
+  candidate must not earn credit by getting its slow shapes timed differently;
+- known-wrong candidates (under a ``wrong/`` folder: ``expected == "fail"``) are a check of the
+  case, not entries: they are scored per pair, and left out of the suite, the quadrants, pass@k
+  and the leaderboard; ``known_answers`` says whether each known answer came out as expected.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ class CandidateScore:
     # achieved rates on the largest correct seen shape, when the case declares cost(shape)
     # (``speed_of_light.largest_shape``)
     speed_of_light: dict[str, Any] | None = None
+    expected: str | None = None  # a known answer: "fail" (wrong/), "pass" (correct/), or None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -286,6 +290,29 @@ class CaseSummary:
 
 
 @dataclass
+class KnownAnswers:
+    """Candidates whose answer is known (``wrong/``, ``correct/``) and whether they came out so:
+    a known-wrong one must fail somewhere (a wrong solution may be right on some shapes), a
+    known-correct one everywhere. ``unexpected`` lists the others: a known-wrong candidate that
+    passed every item (pytest's XPASS(strict), which fails the session) or a known-correct one
+    that failed an item."""
+
+    expected_fail: int = 0
+    failed_as_expected: int = 0
+    expected_pass: int = 0
+    passed_as_expected: int = 0
+    # {"case", "candidate", "expected", "items", "failed_items"}
+    unexpected: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def unexpected_passes(self) -> list[dict[str, Any]]:
+        return [u for u in self.unexpected if u["expected"] == "fail"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class Scores:
     """Everything the reports need."""
 
@@ -298,6 +325,7 @@ class Scores:
     failed_cases: list[FailedCase] = field(default_factory=list)
     wrong_baselines: list[WrongBaseline] = field(default_factory=list)
     timed_items: list[ItemResult] = field(default_factory=list)  # items timed, by nodeid: their times and intervals
+    known_answers: KnownAnswers = field(default_factory=KnownAnswers)
 
 
 # -- computation ------------------------------------------------------------------------------
@@ -375,6 +403,7 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
         noisy_seen=sum(1 for it in seen_timed if it.noisy),
         noisy_unseen=sum(1 for it in unseen_timed if it.noisy),
         speed_of_light=largest_shape(items),
+        expected=first.expected,
     )
 
 
@@ -600,17 +629,51 @@ def case_summaries(candidates: Sequence[CandidateScore], items: Iterable[ItemRes
     return out
 
 
+def known_answers(items: Iterable[ItemResult]) -> KnownAnswers:
+    """Whether each candidate with a known answer came out as expected (``KnownAnswers``). Items
+    where the case failed by itself say nothing about a known-wrong candidate."""
+    groups: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
+    for it in graded(items):
+        if it.expected in ("fail", "pass"):
+            groups[(it.case, it.candidate)].append(it)
+    answers = KnownAnswers()
+    for (case, candidate), its in sorted(groups.items()):
+        expected = its[0].expected
+        failed = [it for it in its if it.outcome == "failed"]
+        row = {"case": case, "candidate": candidate, "expected": expected, "items": len(its), "failed_items": len(failed)}
+        if expected == "fail":
+            own = [it for it in failed if not it.case_failed]
+            if len(own) < len(failed) and not own:
+                continue  # only its case failed: nothing said about the candidate
+            answers.expected_fail += 1
+            if own:
+                answers.failed_as_expected += 1
+            else:
+                answers.unexpected.append(row)
+        else:
+            answers.expected_pass += 1
+            if failed:
+                answers.unexpected.append(row)
+            else:
+                answers.passed_as_expected += 1
+    return answers
+
+
 def score(items: Sequence[ItemResult]) -> Scores:
-    """All scores of one session."""
+    """All scores of one session. Known-wrong candidates are scored per pair and left out of
+    everything summed over pairs (the suite, pass@k, the leaderboard, the case summaries)."""
     candidates = score_candidates(items)
+    entries = [c for c in candidates if c.expected != "fail"]
+    entry_items = [it for it in items if it.expected != "fail"]
     return Scores(
         candidates=candidates,
-        suite=score_suite(candidates, items),
-        leaderboard=leaderboard(candidates),
+        suite=score_suite(entries, entry_items),
+        leaderboard=leaderboard(entries),
         weak_cases=weak_cases(items),
-        cases=case_summaries(candidates, items),
+        cases=case_summaries(entries, entry_items),
         timers=timer_use(items),
         failed_cases=failed_cases(items),
         wrong_baselines=wrong_baselines(items),
         timed_items=sorted((it for it in graded(items) if it.speedup is not None or it.t_candidate_us is not None), key=lambda it: it.nodeid),
+        known_answers=known_answers(items),
     )

@@ -171,6 +171,9 @@ class KcoralSession:
         if self.compare_result is not None and self.compare_result.gate_failed:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if scores.known_answers.unexpected_passes and session.exitstatus == pytest.ExitCode.OK:
+            # a known-wrong candidate that passed everything: the case cannot tell it apart (XPASS(strict))
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:

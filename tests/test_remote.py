@@ -203,6 +203,18 @@ def test_remote_runs_a_gpu_mode_submission(make_case, run_kcoral, kcoral_url):
     run_kcoral("--kcoral-url", kcoral_url, "-m", "seen").assert_outcomes(passed=1, deselected=1)
 
 
+def test_remote_grades_a_gpu_mode_problem_with_its_checker(pytester, run_kcoral, kcoral_url):
+    # ../utils.py uploaded beside the case; check_implementation asked of trusted programs, the
+    # timed outputs' too
+    from test_gpumode_suite import FP32_SCAN, gpumode_problem
+
+    gpumode_problem(pytester.path, solutions={"submission.py": FP32_SCAN,
+                                              "solutions/wrong/zeros.py": "import torch\ndef custom_kernel(data):\n    return torch.zeros_like(data)\n"})
+    result = run_kcoral("problems", "--kcoral-url", kcoral_url, "-k", "63", "-rx")
+    result.assert_outcomes(passed=1, xfailed=1, deselected=4)
+    result.stdout.fnmatch_lines(["*XFAIL*wrong/zeros*check_implementation: mismatch found!*"])
+
+
 def test_remote_wrong_candidate_fails_correctness_with_the_local_message(make_case, run_kcoral, pytester, kcoral_url):
     make_case("cases/add", candidates={"wrong": WRONG})
     common = ("-m", "seen", "--kcoral-mode", "correctness", "--kcoral-seed", "7")

@@ -19,7 +19,7 @@ from pytest_kcoral.results import ItemResult
 
 TOP_LEVEL_KEYS = {
     "schema", "partial", "created", "config", "environment", "seed", "seed_is_secret", "items",
-    "candidates", "cases", "suite", "leaderboard", "weak_cases", "failed_cases", "timers",
+    "candidates", "cases", "suite", "leaderboard", "weak_cases", "failed_cases", "known_answers", "timers",
     "collection_errors", "lease_history", "compare",
 }
 

@@ -438,3 +438,37 @@ def test_a_pairs_means_carry_the_range_of_their_items_intervals_and_count_the_no
     assert pair.mean_speedup_seen_range == pytest.approx([1.35, 1.75])
     assert pair.mean_speedup_unseen_range is None  # one item behind the mean has no interval
     assert (pair.noisy_seen, pair.noisy_unseen) == (1, 1)
+
+
+# -- known answers (wrong/, correct/) ------------------------------------------------------------
+
+
+def _known(candidate, expected, *outcomes, case_failed=()):
+    found = []
+    for n, ok in enumerate(outcomes):
+        it = item(candidate=candidate, shape_id=f"n={n}", correct=ok, speedup=2.0 if ok else None)
+        it.expected = expected
+        it.case_failed = n in case_failed
+        found.append(it)
+    return found
+
+
+def test_known_wrong_candidates_fail_somewhere_and_stay_out_of_the_suite_and_leaderboard():
+    items = (_known("good", None, True, True) + _known("wrong/partial", "fail", True, False)
+             + _known("wrong/planted", "fail", True, True) + _known("correct/ref", "pass", True, False))
+    scores = scoring.score(items)
+    answers = scores.known_answers
+    assert (answers.expected_fail, answers.failed_as_expected) == (2, 1)  # wrong on one shape is wrong
+    assert (answers.expected_pass, answers.passed_as_expected) == (1, 0)
+    assert [(u["candidate"], u["expected"], u["failed_items"]) for u in answers.unexpected] == [
+        ("correct/ref", "pass", 1), ("wrong/planted", "fail", 0)]
+    assert [u["candidate"] for u in answers.unexpected_passes] == ["wrong/planted"]
+    # every pair has a row; the suite and the leaderboard count the entries only
+    assert {c.candidate for c in scores.candidates} == {"good", "wrong/partial", "wrong/planted", "correct/ref"}
+    assert scores.suite.pairs == 2 and scores.suite.correctness_rate == 0.5
+    assert scores.leaderboard[0].best == {"cases/a": "good"}
+
+
+def test_a_known_wrong_candidate_whose_case_failed_is_not_judged():
+    answers = scoring.known_answers(_known("wrong/x", "fail", False, False, case_failed=(0, 1)))
+    assert answers.expected_fail == 0 and not answers.unexpected

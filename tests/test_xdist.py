@@ -101,3 +101,7 @@ def test_shape_scope_groups_case_items_only(tmp_path):
     assert shape_scope("cases/add::other[seen-n=4]", tmp_path) == "cases/add::[seen-n=4]"
     assert shape_scope("tests/test_x.py::test_f[seen-n=4]", tmp_path) == "tests/test_x.py::test_f[seen-n=4]"
     assert shape_scope("cases/add::Klass::test[1]", tmp_path) == "cases/add::Klass::test[1]"
+    # a KernelBench problem file among others is a case of its own
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "1_Add.py").write_text("class Model: pass\ndef get_inputs(): pass\ndef get_init_inputs(): pass\n")
+    assert shape_scope("level1/1_Add.py::run/sample_0[seen-default]", tmp_path) == "level1/1_Add.py::[seen-default]"

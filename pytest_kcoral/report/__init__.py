@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pytest_kcoral.scoring import CandidateScore, SuiteScore
+from pytest_kcoral.scoring import CandidateScore, KnownAnswers, SuiteScore
 
 
 def fmt_speedup(value: float | None) -> str:
@@ -162,4 +162,21 @@ def speed_of_light_lines(candidates: Sequence[CandidateScore]) -> list[str]:
         sol = c.speed_of_light
         peak = f" = {fmt_of_peak(sol)}" if sol.get("candidate_of_peak") is not None else ""
         lines.append(f"  {pair_name(c.case, c.candidate)} [{sol['shape_id']}]: {fmt_rates(sol)}{peak} (baseline {fmt_rates(sol, 'baseline')})")
+    return lines
+
+
+def known_answer_lines(answers: KnownAnswers) -> list[str]:
+    """The known answers (``scoring.KnownAnswers``): one line of counts, then a line per
+    surprise, starting ``UNEXPECTED`` (the terminal shows those in red)."""
+    if not answers.expected_fail and not answers.expected_pass:
+        return []
+    lines = [f"known answers: {answers.failed_as_expected} of {answers.expected_fail} wrong failed as expected,"
+             f" {answers.passed_as_expected} of {answers.expected_pass} correct passed; {len(answers.unexpected)} unexpected"]
+    for u in answers.unexpected:
+        name = pair_name(u["case"], u["candidate"])
+        if u["expected"] == "fail":
+            lines.append(f"UNEXPECTED PASS {name}: passed all {u['items']} item(s), expected to fail (XPASS(strict));"
+                         " known-wrong candidates are left out of the scores")
+        else:
+            lines.append(f"UNEXPECTED FAILURE {name}: failed {u['failed_items']} of {u['items']} item(s), expected to pass")
     return lines

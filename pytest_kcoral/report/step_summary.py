@@ -25,6 +25,7 @@ from pytest_kcoral.report import (
     fmt_speedup,
     fmt_unseen,
     host_set_note,
+    known_answer_lines,
     no_seen_note,
     nothing_timed,
 )
@@ -111,6 +112,8 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out += [f"  - on {', '.join(o['shapes'])}: {_cell(o['reason'])}" for o in f.other_reasons]
     for b in scores.wrong_baselines:
         out.append(f"- **wrong baseline** `{b.case}` on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
+    for line in known_answer_lines(scores.known_answers):
+        out.append(f"- **{_cell(line)}**" if line.startswith("UNEXPECTED") else f"- {_cell(line)}")
     if scores.timers.methods:
         out.append("- timed by " + fmt_methods(scores.timers.methods))
     for reason, n in scores.timers.fallbacks.items():

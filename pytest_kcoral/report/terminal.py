@@ -26,6 +26,7 @@ from pytest_kcoral.report import (
     fmt_speedup,
     fmt_unseen,
     host_set_note,
+    known_answer_lines,
     no_seen_note,
     nothing_timed,
     pair_name,
@@ -106,6 +107,7 @@ def suite_lines(scores: Scores) -> list[str]:
         lines += [f"  on {', '.join(o['shapes'])}: {o['reason']}" for o in f.other_reasons]
     for b in scores.wrong_baselines:
         lines.append(f"WRONG BASELINE {b.case} on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
+    lines += known_answer_lines(scores.known_answers)
     lines += timer_lines(scores.timers)
     return lines
 
@@ -172,5 +174,5 @@ def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
         red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "NOTHING COMPARED", "CASE FAILED",
-                                        "NO SEEN SHAPE", "WRONG BASELINE"))
+                                        "NO SEEN SHAPE", "WRONG BASELINE", "UNEXPECTED"))
         terminalreporter.write_line(line, red=red)

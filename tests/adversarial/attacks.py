@@ -16,22 +16,39 @@ def run(a, b):
     out = torch.empty_like(a)
     def worker():
         out.copy_(a + b)       # the real work, after the timer stopped
-        time.sleep(5)
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            (a * b).sum()      # and more of it, while the harness checks
     threading.Thread(target=worker, name="late-worker").start()
     time.sleep(0.01)
     return out
 """
 
+# 2. a thread started at import, idle when first checked, that works between the calls
+THREAD_WORKS_BETWEEN_CALLS = """
+import threading, time
+started = threading.Event()
+def worker():
+    started.wait()
+    while True:
+        sum(range(10000))      # work between the calls, from a thread that was idle at first
+threading.Thread(target=worker, name="between-calls", daemon=True).start()
+def run(a, b):
+    started.set()
+    return a + b
+"""
+
 # 2. (processes) work left in a detached grandchild: setsid + double fork
 DETACHED_PROCESS = f"""
 import os, subprocess
+BUSY = ["{MARKER}-detached", "-c", "while :; do :; done"]   # a shell that keeps computing
 def run(a, b):
-    subprocess.Popen(["{MARKER}-detached", "60"], executable="sleep", start_new_session=True,
+    subprocess.Popen(BUSY, executable="sh", start_new_session=True,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if os.fork() == 0:              # double fork: the grandchild is orphaned at once
         os.setsid()
         if os.fork() == 0:
-            os.execvp("sleep", ["{MARKER}-detached", "60"])
+            os.execvp("sh", BUSY)
         os._exit(0)
     return a + b
 """
@@ -366,6 +383,7 @@ def run(a, b):
 # every CPU attack, by name: the all-attacks session runs these together
 ALL_CPU = {
     "background_thread": BACKGROUND_THREAD,
+    "thread_works_between_calls": THREAD_WORKS_BETWEEN_CALLS,
     "detached_process": DETACHED_PROCESS,
     "tensor_subclass": TENSOR_SUBCLASS,
     "patch_perf_counter": PATCH_PERF_COUNTER,

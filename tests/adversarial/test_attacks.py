@@ -56,14 +56,25 @@ def test_background_thread_left_working_fails(make_case, run_kcoral):
     result = _grade(make_case, run_kcoral, attacks.BACKGROUND_THREAD, *CORRECTNESS)
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*kcoral correctness failed: detected after the candidate ran in phase 'correctness': "
-                                 "left a thread running after returning: 'late-worker'*"])
+                                 "left a thread running after returning that keeps computing: 'late-worker'*ms of CPU in * ms after returning*"])
+
+
+def test_thread_idle_at_import_that_works_between_calls_fails(make_case, run_kcoral):
+    # idle when the import was audited, so watched; the CPU it used since (during the short
+    # correctness run, or by the last check, 'finish') gives it away
+    result = _grade(make_case, run_kcoral, attacks.THREAD_WORKS_BETWEEN_CALLS, *CORRECTNESS)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral correctness failed*: detected after the candidate ran in phase *: "
+                                 "left a thread running after returning that keeps computing: 'between-calls'*"
+                                 "while the candidate was checked or timed*"])
 
 
 def test_detached_processes_are_found_killed_and_fail(make_case, run_kcoral):
     result = _grade(make_case, run_kcoral, attacks.DETACHED_PROCESS, *CORRECTNESS)
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines([f"*kcoral correctness failed: detected after the candidate ran in phase 'correctness': "
-                                 f"left * process(es) running after returning: pid * ({attacks.MARKER}-detached 60)*"])
+                                 f"left * process(es) running after returning, * working (using CPU or starting processes)*"
+                                 f"pid * ({attacks.MARKER}-detached -c while :; do :; done)*"])
     assert not _no_marker_processes(attacks.MARKER + "-detached"), "a detached process outlived its item"
 
 

@@ -57,7 +57,7 @@ def test_sandboxed_session_runs_full_stages_and_attacks_still_fail(make_case, ru
     make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "thread": attacks.BACKGROUND_THREAD})
     result = run_kcoral("--kcoral-sandbox", "-m", "seen")
     result.assert_outcomes(passed=1, failed=1, deselected=2)
-    result.stdout.fnmatch_lines(["*left a thread running after returning: 'late-worker'*"])
+    result.stdout.fnmatch_lines(["*left a thread running after returning that keeps computing: 'late-worker'*"])
 
 
 def test_missing_bwrap_is_a_clear_error(make_case, run_kcoral, monkeypatch, tmp_path):
