@@ -9,7 +9,8 @@ says, per configuration: items per second, each item's wall time (mean and media
     python bench/throughput.py --config new= --config fixed=--kcoral-precision=off
     python bench/throughput.py --config old@.oldtree= --config new=    # .oldtree: an older pytest_kcoral
 
-``NAME=ARGS`` adds a configuration whose extra pytest arguments are ARGS (space-separated);
+``NAME=ARGS`` adds a configuration whose extra pytest arguments are ARGS (split as a shell would; a
+``-k`` there replaces the suite's ``-k self``);
 ``NAME@DIR=ARGS`` grades it with the ``pytest_kcoral`` package found in DIR (put first on
 ``PYTHONPATH``), e.g. an older commit's, extracted by ``git archive OLD pytest_kcoral | tar -x -C DIR``.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import tempfile
 from pathlib import Path
@@ -40,7 +42,10 @@ def main() -> None:
     if not subs.exists():
         write_submissions(ROOT / "cases", subs)
     configs = [_parse(text) for text in args.config]
-    rows = []
+    # each row as soon as its run ends: a run cut by a time limit leaves the rows before it
+    print("| config | items | wall s | items/s | per item mean s | per item median s | "
+          + " | ".join(f"{p} ms" for p in PHASES) + " | within 2% | outside 5% | failed |")
+    print("|---" * (9 + len(PHASES)) + "|", flush=True)
     for turn in range(args.repeat):
         for name, tree, extra in configs:
             env_path = os.environ.get("PYTHONPATH")
@@ -54,19 +59,14 @@ def main() -> None:
                     os.environ.pop("PYTHONPATH", None)
                 else:
                     os.environ["PYTHONPATH"] = env_path
-            rows.append(_row(f"{name} #{turn + 1}", wall_s, doc))
-    print("| config | items | wall s | items/s | per item mean s | per item median s | "
-          + " | ".join(f"{p} ms" for p in PHASES) + " | within 2% | outside 5% | failed |")
-    print("|---" * (10 + len(PHASES)) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+            print("| " + " | ".join(_row(f"{name} #{turn + 1}", wall_s, doc)) + " |", flush=True)
     print(f"\nJSON and logs: {out}")
 
 
 def _parse(text: str) -> tuple[str, str | None, list[str]]:
     head, _, extra = text.partition("=")
     name, _, tree = head.partition("@")
-    return name, tree or None, extra.split()
+    return name, tree or None, shlex.split(extra)
 
 
 def _row(label: str, wall_s: float, doc: dict) -> list[str]:
