@@ -18,7 +18,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import random
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -31,7 +30,31 @@ TRUSTED = "trusted"
 CANDIDATE = "candidate"
 BASELINE = "baseline"
 
-_rng = random.SystemRandom()  # timing-input seeds a candidate cannot predict
+# Taken at import, before any candidate loads: the timing inputs' seeds and the choice of the
+# timed outputs checked come from the kernel's random source through this reference, so a
+# candidate that replaces ``random``'s methods or ``os.urandom`` cannot make them predictable.
+_urandom = os.urandom
+
+
+class Unpredictable:
+    """The few draws the harness makes in a child, each straight from ``_urandom`` (its methods
+    are watched by the tamper snapshot: ``tamper._WATCHED_CLASSES``)."""
+
+    @staticmethod
+    def getrandbits(bits: int) -> int:
+        return int.from_bytes(_urandom((bits + 7) // 8), "little") & ((1 << bits) - 1)
+
+    @staticmethod
+    def randrange(start: int, stop: int | None = None) -> int:
+        low, high = (0, start) if stop is None else (start, stop)
+        return low + Unpredictable.getrandbits(64) % (high - low)  # bias under 2**-50 for the harness's ranges
+
+    @staticmethod
+    def random() -> float:
+        return Unpredictable.getrandbits(53) / (1 << 53)
+
+
+_rng = Unpredictable()
 
 
 def main(conn: Connection, output: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any]) -> None:
@@ -459,8 +482,13 @@ class _Runner:
 
         def on_output(k: int, out: Any) -> None:
             nonlocal seen_samples
-            spread.keep_output(k, out)
             seen_samples += 1
+            # every timed call's outputs, before anything touches them: a lazy object or a
+            # subclass would do its work when the harness copies or checks it, outside the window
+            problems = _inspect_outputs(_leaves(out), (), self.device)
+            if problems:
+                raise TimedOutputRefused(f"timed call {seen_samples}: " + "; ".join(problems))
+            spread.keep_output(k, out)
             # reservoir sample of the timed calls: any one of them may be the one checked
             # a copy: a kernel that writes into one preallocated output overwrites it at the next call
             if len(kept) < keep or _rng.random() < keep / seen_samples:
@@ -499,6 +527,11 @@ class _Runner:
     def _require(self, *roles: str) -> None:
         if self.role not in roles:
             raise RuntimeError(f"command needs a {' or '.join(roles)} child, this one is {self.role}")
+
+
+class TimedOutputRefused(Exception):
+    """A timed call returned something other than plain dense tensors (or plain numbers) on the
+    item's device: the item fails at timing, and is not correct."""
 
 
 MAX_STRUCTURE_DEPTH = 8  # deeper nesting is a leaf, which the output checks then refuse

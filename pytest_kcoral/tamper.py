@@ -46,6 +46,7 @@ _WATCHED_CLASSES: tuple[tuple[str, str], ...] = (
     ("torch._C", "TensorBase"),
     ("torch.cuda", "Event"),
     ("multiprocessing.connection", "Connection"),
+    ("pytest_kcoral.child", "Unpredictable"),  # the harness's draws in a child (timing seeds)
 )
 
 

@@ -1,0 +1,84 @@
+"""Attacks on what the harness does in the candidate's process between timed calls (issue 29):
+lazy objects returned by timed calls, and a predictable input refresh."""
+
+from __future__ import annotations
+
+import json
+
+MATMUL_CASE = """
+import torch
+SEEN = [{"n": 160}]
+
+def make_inputs(shape, device):
+    n = shape["n"]
+    return torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+
+def reference(a, b):
+    return a @ b
+"""
+
+HONEST = "def run(a, b):\n    return a @ b\n"
+
+# Honest on the first call of each input set (the correctness trials call each set once), then a
+# deferred object whose clone() does the work: the harness's copy of a kept output used to run it,
+# outside the timing window.
+LAZY_TIMED_OUTPUTS = """
+import torch
+_seen = set()
+
+class Deferred:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+    def clone(self):
+        return self.a @ self.b
+    def __getattr__(self, name):
+        return getattr(self.a @ self.b, name)
+
+def run(a, b):
+    key = (a.data_ptr(), b.data_ptr())
+    if key not in _seen:
+        _seen.add(key)
+        return a @ b
+    return Deferred(a, b)
+"""
+
+# Makes random's draws constant, so that a refresh that takes its seeds from them draws the same
+# inputs every time, and answers from a cache keyed by the inputs' first values.
+PATCHED_RANDOM = """
+import random
+random.SystemRandom.getrandbits = lambda self, k: 12345
+random.SystemRandom.random = lambda self: 0.5
+random.Random.getrandbits = lambda self, k: 12345
+_cache = {}
+
+def run(a, b):
+    key = (float(a[0, 0]), float(a[0, 1]), float(b[0, 0]), float(b[0, 1]))
+    if key not in _cache:
+        _cache[key] = a @ b
+    return _cache[key]
+"""
+
+
+def _item(pytester, name):
+    (item,) = [i for i in json.loads((pytester.path / "out.json").read_text())["items"] if i["candidate"] == name]
+    return item
+
+
+def test_a_timed_call_returning_a_lazy_object_fails(make_case, run_kcoral, pytester):
+    make_case("cases/mm", MATMUL_CASE, {"lazy": LAZY_TIMED_OUTPUTS, "honest": HONEST})
+    result = run_kcoral("--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1, failed=1)
+    lazy = _item(pytester, "lazy")
+    assert lazy["stage"] == "timing" and lazy["correct"] is False
+    assert "not a plain torch.Tensor" in lazy["message"] and "Deferred" in lazy["message"]
+    assert _item(pytester, "honest")["outcome"] == "passed"
+
+
+def test_a_patched_random_does_not_make_the_refresh_predictable(make_case, run_kcoral, pytester):
+    make_case("cases/mm", MATMUL_CASE, {"patched": PATCHED_RANDOM, "honest": HONEST})
+    run_kcoral("--kcoral-json", "out.json", "--kcoral-timing-budget", "0.2", "--kcoral-precision", "off")
+    patched = _item(pytester, "patched")
+    # with the refresh's seeds from random, the cache answered every timed call: 140-156x
+    assert patched["speedup"] is None or patched["speedup"] < 1.3, patched["speedup"]
+    honest = _item(pytester, "honest")
+    assert honest["outcome"] == "passed" and 0.5 < honest["speedup"] < 2.0
