@@ -23,7 +23,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from pytest_kcoral import leftovers, protocol, tamper
+from pytest_kcoral import confine, leftovers, protocol, tamper
 from pytest_kcoral.timing import pinning, placement
 
 TRUSTED = "trusted"
@@ -79,6 +79,7 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
     if role in (TRUSTED, BASELINE):
         _compile_without_shared_caches(workdir)
     try:
+        confine.confine_child(role, workdir)  # writes only here and to the caches, before any case code
         runner = _Runner(role, case_spec)
     except BaseException as exc:  # noqa: BLE001 - the parent must hear why startup failed
         protocol.send(conn, dict(_error_reply(exc), seq=0))

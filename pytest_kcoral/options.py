@@ -53,6 +53,9 @@ def add_options(parser: pytest.Parser) -> None:
                     help="Send GPU work to a KCoral service (default: $KCORAL_URL)")
     group.addoption("--kcoral-sandbox", action="store_true", default=False,
                     help="Run children under bubblewrap (read-only system, private workspace, no network)")
+    group.addoption("--kcoral-confinement", choices=("auto", "landlock", "off"), default="auto",
+                    help="Confine children's writes to their own directories: auto = with Landlock where the kernel has it;"
+                         " landlock = stop if it has not; off = never")
     group.addoption("--kcoral-artifacts", default=None, metavar="DIR",
                     help="Directory for diagnostics files (default: kcoral-artifacts)")
     group.addoption("--kcoral-ncu", action="store_true", default=False,
@@ -148,6 +151,7 @@ class Settings:
     # stops (0.01 for 1%); None: off, every item spends its timing budget
     precision: float | None = DEFAULT_PRECISION
     html_path: Path | None = None  # --kcoral-html: the report page (report/html.py)
+    confinement: str = "auto"  # --kcoral-confinement: see confine.py
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -222,4 +226,5 @@ class Settings:
             process_pairs=None if process_pairs == "auto" else int(process_pairs),
             precision=precision,
             html_path=Path(html_path) if html_path else None,
+            confinement=opt("kcoral_confinement"),
         )

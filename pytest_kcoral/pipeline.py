@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
 
-from pytest_kcoral import checker, correctness, cpu_share, isolation, speed_of_light, speedup_interval, static_report, timing
+from pytest_kcoral import checker, confine, correctness, cpu_share, isolation, speed_of_light, speedup_interval, static_report, timing
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape, changed_case_files
 from pytest_kcoral.child import BASELINE as BASELINE_ROLE
@@ -302,6 +302,7 @@ class LocalExecutor:
         env = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
         if self.device_kind == "cpu":
             env["TRITON_INTERPRET"] = "1"
+        env.update(confine.child_env(self.settings.confinement, self.sandbox, remote=self.settings.url is not None))
         return env
 
     def _run_stages(self, spec: ItemSpec, result: ItemResult, deadline: float) -> None:

@@ -65,6 +65,12 @@ def pytest_configure(config: pytest.Config) -> None:
             find_bwrap()  # a missing or broken bwrap stops the session here, never a silent fallback
         except SandboxUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
+    if settings.confinement == "landlock" and not settings.url:
+        from pytest_kcoral import confine
+
+        status = confine.session_status()
+        if not confine.is_confined(status):  # asked for, so never a silent fallback
+            raise pytest.UsageError(f"--kcoral-confinement landlock: children cannot be confined here ({status})")
     config.stash[settings_key] = settings
     _stop_on_sigterm_as_on_ctrl_c(config)
     config.pluginmanager.import_plugin("pytest_kcoral.lease_plugin")

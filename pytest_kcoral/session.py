@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kcoral import scoring
+from pytest_kcoral import confine, scoring
 from pytest_kcoral.environment import collect_environment
 from pytest_kcoral.options import Settings
 from pytest_kcoral.report import compare as compare_mod
@@ -79,6 +79,13 @@ class KcoralSession:
 
         return self.config.stash.get(settings_key, None)
 
+    def confinement(self) -> str:
+        """What confines the children's writes (``confine.session_status``)."""
+        settings = self.settings
+        if settings is None:
+            return "unknown"
+        return confine.session_status(settings.confinement, remote=settings.url is not None)
+
     @property
     def items(self) -> list[ItemResult]:
         return [self.results[k] for k in sorted(self.results)]
@@ -131,6 +138,8 @@ class KcoralSession:
         wants_html = settings is not None and settings.html_path is not None
         # nvidia-smi runs behind it: only when the JSON, the HTML page or the comparison needs it
         environment = collect_environment() if wants_json or wants_html or self._saved_run is not None else None
+        if environment is not None:
+            environment["confinement"] = self.confinement()
         if self._saved_run is not None:
             self.compare_result = compare_mod.compare_runs(
                 self._saved_run, scores.candidates, self._compare_threshold, self._compare_path,
@@ -192,8 +201,16 @@ class KcoralSession:
             collection_errors=self.collection_errors,
             json_path=self.json_written,
             html_path=self.html_written,
+            notes=confinement_notes(self.confinement()),
         )
         terminal.write_summary(terminalreporter, lines)
+
+
+def confinement_notes(status: str) -> list[str]:
+    """The summary's word on confinement: a line only when the children were not confined."""
+    if confine.is_confined(status) or status.startswith("remote"):
+        return []
+    return [f"NOT CONFINED: children could write outside their own directories ({status}); see docs/security.md"]
 
 
 def _add_junit_suite_properties(config: pytest.Config, suite: scoring.SuiteScore, timers: scoring.TimerUse,

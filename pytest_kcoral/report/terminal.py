@@ -147,6 +147,7 @@ def summary_lines(
     collection_errors: Sequence[dict] = (),
     json_path: str | None = None,
     html_path: str | None = None,
+    notes: Sequence[str] = (),
 ) -> list[str]:
     """Every line of the summary below its title."""
     lines: list[str] = []
@@ -163,6 +164,7 @@ def summary_lines(
         lines += compare_lines(compare)
     if seed is not None and not seed_is_secret:
         lines.append(f"seed {seed}")
+    lines += notes
     if json_path:
         lines.append(f"results written to {json_path}")
     if html_path:
@@ -174,5 +176,5 @@ def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
         red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "NOTHING COMPARED", "CASE FAILED",
-                                        "NO SEEN SHAPE", "WRONG BASELINE", "UNEXPECTED"))
+                                        "NO SEEN SHAPE", "WRONG BASELINE", "UNEXPECTED", "NOT CONFINED", "REPORT"))
         terminalreporter.write_line(line, red=red)
