@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import socket
 import stat
 import tempfile
@@ -222,13 +223,9 @@ class LeaseManager:
         deadline = None if self.timeout_s is None else t0 + self.timeout_s
         while True:
             for device in order:
-                lock = filelock.FileLock(str(self.lock_path(device)), mode=LOCK_FILE_MODE)
-                try:
-                    lock.acquire(timeout=0)
-                except filelock.Timeout:
+                lock = self._try_lock(device)
+                if lock is None:
                     continue
-                except PermissionError as exc:
-                    raise LeaseError(self._not_ours_message(device, exc)) from None
                 try:
                     now = time.monotonic()
                     lease = Lease(device=device, holder=self.holder, label=label,
@@ -243,6 +240,23 @@ class LeaseManager:
                 raise self._timeout_error(order, now - t0)
             sleep_s = POLL_INTERVAL_S if deadline is None else min(POLL_INTERVAL_S, max(deadline - now, 0.0))
             time.sleep(sleep_s)
+
+    def _try_lock(self, device: DeviceSpec) -> filelock.BaseFileLock | None:
+        """``device``'s lock, taken without waiting; None when another holds it. A lock path that
+        no longer opens as a file is moved aside and a fresh one made (``set_aside_broken``)."""
+        for _ in range(MAX_LOCK_REPAIRS + 1):
+            lock = filelock.FileLock(str(self.lock_path(device)), mode=LOCK_FILE_MODE)
+            try:
+                lock.acquire(timeout=0)
+                return lock
+            except filelock.Timeout:
+                return None
+            except PermissionError as exc:
+                raise LeaseError(self._not_ours_message(device, exc)) from None
+            except OSError as exc:  # a directory, a symlink, a socket where the lock file was
+                set_aside_broken(self.lock_path(device), exc)
+        raise LeaseError(f"cannot lock {self.lock_path(device)}: what stood there was moved aside {MAX_LOCK_REPAIRS} times,"
+                         " and something keeps replacing it")
 
     def _release(self, lease: Lease, lock: filelock.BaseFileLock) -> None:
         # Stamp the release while still holding, so [t_acquired, t_released] lies inside the hold
@@ -264,8 +278,12 @@ class LeaseManager:
         try:
             tmp.write_text(json.dumps(info), encoding="utf-8")
             os.chmod(tmp, HOLDER_FILE_MODE)
-            os.replace(tmp, path)
-        except OSError:
+            try:
+                os.replace(tmp, path)
+            except IsADirectoryError as exc:  # replaced by a directory: the sidecar would stay unwritable
+                set_aside_broken(path, exc)
+                os.replace(tmp, path)
+        except (OSError, LeaseError):
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
@@ -321,6 +339,68 @@ class LeaseManager:
         message = (f"no device free after waiting {waited_s:.2f}s (--kcoral-lease-timeout {self.timeout_s}); "
                    f"lease dir {self.lease_dir}: " + "; ".join(parts))
         return LeaseTimeout(message, order, self.lease_dir, waited_s, holders)
+
+
+class LeaseRepaired(UserWarning):
+    """A lock path that was no longer a regular file was moved aside and a fresh lock file made."""
+
+
+# Broken lock paths moved aside within one acquisition before giving up: a candidate of the same
+# user that keeps replacing the lock file (it is killed before its item's lease is released).
+MAX_LOCK_REPAIRS = 3
+_REPAIR_WAIT_S = 10.0
+
+
+def set_aside_broken(path: Path, error: OSError) -> None:
+    """A lock path that no longer opens as a file (a candidate of the same user replaced it with a
+    directory or a symlink) is renamed to ``<name>.broken-<time>-<pid>`` and warned about
+    (``LeaseRepaired``); the next try makes a fresh lock file. Raises ``LeaseError`` with the fix
+    when it cannot. Repairs hold an ``flock`` on the lease directory, so a lock file that another
+    session has just made in the meantime is never the one moved."""
+    with _directory_locked(path.parent):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return  # another session repaired it first
+        if stat.S_ISREG(st.st_mode):
+            raise LeaseError(f"cannot lock {path}: {error.strerror or error}") from None
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "special file"
+        # a fresh name: a rename onto an earlier empty directory of the same name would succeed
+        aside = path.with_name(f"{path.name}.broken-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.rename(path, aside)
+        except OSError as why:
+            raise LeaseError(f"lock file {path} is a {kind}, not a file (a candidate of this user may have replaced it), and"
+                             f" it cannot be moved aside ({why.strerror or why}): remove it (rm -r '{path}')") from None
+    import warnings
+
+    warnings.warn(LeaseRepaired(f"lock file {path} was a {kind}, not a file (a candidate of this user may have replaced it):"
+                                f" moved aside to {aside}, and a fresh lock file made; remove {aside.name} once looked at"), stacklevel=2)
+
+
+@contextlib.contextmanager
+def _directory_locked(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` itself (none where there is no ``fcntl``)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        deadline = time.monotonic() + _REPAIR_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LeaseError(f"lease directory {directory}: another process has held it locked for"
+                                     f" {_REPAIR_WAIT_S:.0f} s while repairing a lock file") from None
+                time.sleep(POLL_INTERVAL_S)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
 
 
 def _pid_alive(pid: int) -> bool:

@@ -52,6 +52,7 @@ class KcoralSession:
         self.partial = False
         self.json_written: str | None = None
         self.html_written: str | None = None
+        self.report_problems: list[str] = []  # reports written elsewhere, or nowhere: why, and where
         self._saved_run: compare_mod.SavedRun | None = None
         self._compare_path = config.getoption("kcoral_compare", None)
         self._compare_threshold: float | None = None
@@ -161,12 +162,13 @@ class KcoralSession:
             for path, write, written in writers:
                 if path is None:
                     continue
-                try:
-                    setattr(self, written, str(write(path, doc)))
-                except OSError as exc:
+                place, problem = json_artifact.write_or_save_elsewhere(path, doc, write)
+                setattr(self, written, str(place) if place is not None else None)
+                if problem:
+                    self.report_problems.append(problem)
                     # on a line of its own: the progress line may still be open on stdout
-                    sys.stderr.write(f"\npytest-kcoral: cannot write {path}: {exc}\n")
-                    if session.exitstatus == pytest.ExitCode.OK:
+                    sys.stderr.write(f"\npytest-kcoral: {problem}\n")
+                    if session.exitstatus == pytest.ExitCode.OK:  # not where it was asked for: CI must notice
                         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         summary_file = step_summary.step_summary_path()
         if summary_file:
@@ -201,7 +203,7 @@ class KcoralSession:
             collection_errors=self.collection_errors,
             json_path=self.json_written,
             html_path=self.html_written,
-            notes=confinement_notes(self.confinement()),
+            notes=confinement_notes(self.confinement()) + [f"REPORT NOT WHERE ASKED: {p}" for p in self.report_problems],
         )
         terminal.write_summary(terminalreporter, lines)
 

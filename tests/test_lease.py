@@ -23,6 +23,7 @@ from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.lease import (
     LeaseError,
     LeaseManager,
+    LeaseRepaired,
     LeaseTimeout,
     default_lease_dir,
     worker_preferred_index,
@@ -492,3 +493,31 @@ def test_another_accounts_lock_file_in_a_sticky_directory_is_a_clear_error(tmp_p
         assert "install -d -m 2770" in message
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.parametrize("replacement", ["directory", "symlink"])
+def test_a_lock_path_that_is_no_longer_a_file_is_moved_aside(tmp_path: Path, replacement: str) -> None:
+    """A candidate of the same user (no confinement) replaced the lock file: every later lease on
+    the directory failed. The path is moved aside, named in a warning, and a fresh lock made."""
+    manager = LeaseManager([CPU], lease_dir=tmp_path)
+    path = manager.lock_path(CPU)
+    if replacement == "directory":
+        path.mkdir()
+        (path / "inside").write_text("not empty")
+    else:
+        path.symlink_to(tmp_path / "elsewhere")
+    with pytest.warns(LeaseRepaired, match=rf"lock file {re.escape(str(path))} was a {replacement}, not a file .*moved aside to "):
+        with manager.lease() as held:
+            assert held.device == CPU
+            assert path.is_file() and not path.is_symlink()
+    (aside,) = tmp_path.glob(f"{path.name}.broken-*")
+    assert aside.is_symlink() if replacement == "symlink" else (aside / "inside").is_file()
+    assert not (tmp_path / "elsewhere").exists()  # a symlink's target is never created or written
+
+
+def test_a_broken_holder_sidecar_is_moved_aside_too(tmp_path: Path) -> None:
+    manager = LeaseManager([CPU], lease_dir=tmp_path)
+    manager.holder_path(CPU).mkdir()
+    with pytest.warns(LeaseRepaired):
+        with manager.lease(label="after"):
+            assert manager.read_holder(CPU)["label"] == "after"

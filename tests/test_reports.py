@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -738,7 +739,12 @@ def test_an_unwritable_json_path_is_said_and_fails_the_session(fake_suite: pytes
     result = fake_suite.runpytest("-p", "kcoral", "test_fake.py", "-k", "not v2", "--kcoral-json", "a_file/out.json")
     result.assert_outcomes(passed=5, deselected=3)
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR  # every item passed, but a missing artifact must not pass CI
-    result.stderr.re_match_lines([r"^pytest-kcoral: cannot write a_file/out.json: .*"])
+    result.stderr.re_match_lines([r"^pytest-kcoral: cannot write a_file/out.json: .*; the report was saved to (.*) instead$"])
+    saved = re.search(r"the report was saved to (.*) instead", result.stderr.str()).group(1)
+    try:
+        assert len(json.loads(Path(saved).read_text())["items"]) == 5
+    finally:
+        os.unlink(saved)
 
 
 def test_junit_item_figures_keep_six_significant_digits():

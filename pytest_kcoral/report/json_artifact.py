@@ -14,7 +14,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pytest_kcoral.options import Settings
 from pytest_kcoral.report.compare import CompareResult
@@ -133,3 +133,32 @@ def write_text_atomically(path: str | Path, text: str) -> Path:
     finally:
         os.close(dir_fd)
     return path
+
+
+SAVED_INFIX = ".kcoral-saved"  # ``out.json`` that cannot be written is saved as ``out.json.kcoral-saved.json``
+
+
+def write_or_save_elsewhere(path: str | Path, doc: dict[str, Any],
+                            write: Callable[[Path, dict[str, Any]], Path] | None = None) -> tuple[Path | None, str | None]:
+    """Write a report to ``path`` with ``write`` (default ``write_atomically``); where that fails
+    (the path turned into a directory during the session: a candidate of the same user can do
+    that), save it beside the path as ``<path>.kcoral-saved<suffix>``, else in a new file of the
+    temp dir. Returns where the report went (None: nowhere) and, when that is not ``path``, why,
+    in words naming both."""
+    write = write or write_atomically
+    path = Path(path)
+    try:
+        return write(path, doc), None
+    except OSError as exc:
+        problem = f"cannot write {path}: {exc.strerror or exc}" + (" (it is a directory now)" if path.is_dir() else "")
+    suffix = SAVED_INFIX + path.suffix
+    for place in (path.with_name(path.name + suffix), None):
+        try:
+            if place is None:  # the folder itself is unusable: a fresh name in the temp dir
+                fd, name = tempfile.mkstemp(prefix=f"{path.stem}.", suffix=suffix)
+                os.close(fd)
+                place = Path(name)
+            return write(place, doc), f"{problem}; the report was saved to {place} instead"
+        except OSError:
+            continue
+    return None, f"{problem}; the report could not be saved anywhere else either"
