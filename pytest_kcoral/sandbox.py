@@ -21,6 +21,7 @@ A missing or non-working ``bwrap`` is a usage error naming the problem, never a 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shlex
@@ -94,6 +95,25 @@ def _import_roots_under_tmp() -> list[Path]:
     return [r for r in roots if r.exists() and (r.resolve() == tmp or tmp in r.resolve().parents)]
 
 
+def interpreter_paths() -> list[Path]:
+    """The interpreter and where it loads from: its prefixes, site-packages and the real path of
+    the executable (a venv's ``bin/python`` is a symlink to the base interpreter). A venv under
+    ``/tmp`` (CI runners keep theirs there) is hidden by the sandbox's fresh ``/tmp``, and bwrap
+    then cannot start the template (``execvp .../bin/python: No such file or directory``), so
+    these are bound back read-only wherever they are."""
+    import site
+
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable),
+             os.path.dirname(os.path.realpath(sys.executable))]
+    with contextlib.suppress(AttributeError):  # site of a virtualenv made by old tools lacks them
+        paths += [*site.getsitepackages(), site.getusersitepackages()]
+    found: list[Path] = []
+    for path in paths:
+        if path and os.path.isdir(path) and os.path.realpath(path) != "/" and Path(path) not in found:
+            found.append(Path(path))
+    return found
+
+
 class Sandbox:
     """The session's sandbox: a workspace and the wrapper the template is started through."""
 
@@ -101,7 +121,7 @@ class Sandbox:
         self.bwrap = find_bwrap()
         self.workspace = Path(tempfile.mkdtemp(prefix="kcoral-sandbox-"))
         (self.workspace / "home").mkdir()
-        args = bwrap_arguments(self.workspace, [*readonly, *_import_roots_under_tmp()], gpu)
+        args = bwrap_arguments(self.workspace, [*readonly, *_import_roots_under_tmp(), *interpreter_paths()], gpu)
         # multiprocessing starts the template as `<executable> <flags> -c <code>`: a wrapper that
         # puts bwrap in front keeps every fd multiprocessing passes (bwrap does not close them)
         self.executable = str(self.workspace / "python-in-bwrap")

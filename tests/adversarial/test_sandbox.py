@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,34 @@ def test_broken_bwrap_is_a_clear_error(make_case, run_kcoral, monkeypatch, tmp_p
     result = run_kcoral("--kcoral-sandbox")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kcoral-sandbox: `bwrap` at * cannot create a sandbox here (exit 1: bwrap: No permissions to creating new namespace)*"])
+
+
+@needs_bwrap
+def test_sandbox_works_with_python_in_a_venv_under_tmp(tmp_path):
+    """CI runners often keep their venv under /tmp, which the sandbox replaces with a fresh one:
+    bwrap could not find the interpreter (``execvp .../venv/bin/python: No such file``). The
+    interpreter's prefixes and site-packages are bound read-only wherever they are."""
+    import site
+    import sys
+    import textwrap
+
+    from kernels import add_case
+
+    venv = Path(tempfile.mkdtemp(prefix="kcoral-venv-", dir="/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+        (pth_dir,) = venv.glob("lib/python*/site-packages")
+        # this environment's packages (torch, pytest, pytest-kcoral as installed) seen from the new venv
+        (pth_dir / "kcoral_test_parent.pth").write_text(f"import site; site.addsitedir({site.getsitepackages()[0]!r})\n")
+        case = tmp_path / "cases" / "add"
+        (case / "candidates").mkdir(parents=True)
+        (case / "case.py").write_text(textwrap.dedent(add_case([256])))
+        (case / "candidates" / "good.py").write_text("def run(a, b):\n    return a + b\n")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH="")
+        proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases",
+                               "--kcoral-sandbox", "--kcoral-mode", "correctness", "--kcoral-lease-dir", str(tmp_path / "leases")],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "1 passed" in proc.stdout
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
