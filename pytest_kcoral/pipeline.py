@@ -1063,6 +1063,8 @@ def implausible_stats(stats: dict[str, Any] | None, parent_wall_s: float) -> str
     if min_us > median_us:
         return f"the minimum {min_us:.3g} us exceeds the median {median_us:.3g} us"
     wall_us = parent_wall_s * 1e6
+    if any(str(f).startswith("cpu_time_above_wall") for f in stats.get("flags") or ()):
+        wall_us *= os.cpu_count() or 1  # timed by CPU time (``timing._at_least_cpu_time``): each core adds its own
     lower_bound_us = max(n * min_us, (n + 1) // 2 * median_us)
     if lower_bound_us > wall_us:
         return (f"{n} samples with median {median_us:.3g} us and minimum {min_us:.3g} us need at least {lower_bound_us / 1e6:.3g} s, "

@@ -41,7 +41,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from pytest_kcoral.results import TIMER_METHODS, TimingStats
-from pytest_kcoral.timing import clocks, stats
+from pytest_kcoral.timing import clocks, guards, stats
 from pytest_kcoral.timing.clocks import perf_counter as _perf_counter
 from pytest_kcoral.timing.combine import charge_outside_work, combine_rounds, undisturbed_pairs
 from pytest_kcoral.timing.stats import RSE_TARGET
@@ -84,9 +84,11 @@ def _is_cuda(device: Any) -> bool:
 def prepare(device: Any = "cpu") -> None:
     """Take the references the timers use; call before importing candidate code.
 
-    On a CPU device this does nothing (the wall clock was captured at import). On a CUDA device it
-    imports torch, cupti-python (when installed) and cuda-bindings, and keeps their entry points.
+    On a CPU device it keeps torch's mode-stack functions (``guards``; the clocks were captured at
+    import). On a CUDA device it also imports torch, cupti-python (when installed) and
+    cuda-bindings, and keeps their entry points.
     """
+    guards.capture_torch()
     if not _is_cuda(device):
         return
     refs = clocks.capture_torch()
@@ -134,6 +136,7 @@ def measure(
     flush_l2: bool = True,
     rse_target: float = RSE_TARGET,
     host_slack_us: float = HOST_SLACK_US,
+    untrusted: bool = True,
 ) -> TimingStats:
     """Time ``call(i)`` for input sets ``i`` in ``range(n_sets)``, rotating through them.
 
@@ -142,7 +145,9 @@ def measure(
     so the caller can verify it. ``method`` forces a timer ("cupti", "events", "wall"); None picks
     the best one available for ``device``. A forced method that cannot run raises
     ``TimerUnavailable``; with ``method=None`` a CUPTI failure falls back to events and says so
-    in ``flags``.
+    in ``flags``. ``untrusted`` (a graded candidate's callable): the loop refuses profile and
+    trace hooks and torch modes (``guards``), and on a CPU a call's time is never less than the
+    process's CPU time over its window; ``benchmark`` (a user's own code) sets it False.
     """
     if n_sets < 1:
         raise ValueError("n_sets must be at least 1")
@@ -153,7 +158,7 @@ def measure(
     loop = dict(
         call=call, n_sets=n_sets, refresh=refresh, on_output=on_output, warmup_s=warmup_s,
         budget_s=budget_s, min_samples=min_samples, max_samples=max_samples,
-        rse_target=rse_target, host_slack_us=host_slack_us,
+        rse_target=rse_target, host_slack_us=host_slack_us, untrusted=untrusted,
     )
 
     if not _is_cuda(device):
@@ -163,7 +168,7 @@ def measure(
             )
         from pytest_kcoral.timing.timers import WallTimer
 
-        return _sample(WallTimer(None), sync=None, flusher=None, flags=[], **loop)
+        return _sample(WallTimer(None, cpu_clock=guards.thread_cpu_s if untrusted else None), sync=None, flusher=None, flags=[], **loop)
 
     refs = clocks.capture_torch()
     if not refs.cuda_available:
@@ -243,6 +248,7 @@ def _sample(
     max_samples: int,
     rse_target: float,
     host_slack_us: float,
+    untrusted: bool = True,
 ) -> TimingStats:
     perf = _perf_counter
     sync_first = timer.sync_before_window and sync is not None
@@ -252,6 +258,11 @@ def _sample(
     direct_us: list[Any] = []  # per window: the events spans (stream, synchronized); None for CUPTI and wall
 
     def window(fn: Callable[[int], Any], k: int, role: str) -> Any:
+        if untrusted and role == "empty":
+            # a hook the candidate installed would run inside the calibration, whose time is
+            # subtracted from every call: named and refused, and taken off in any case
+            guards.refuse_hooks("before a calibration window")
+            guards.clear_profile_and_trace()
         if flusher is not None:
             flusher()
         if sync_first:
@@ -272,6 +283,8 @@ def _sample(
     # As timeit does: a collection inside a window would charge the call for the harness's garbage.
     # No gc.collect() first: with torch loaded it takes about 0.1 s, and an item measures 8 times.
     gc_was_enabled = gc.isenabled()
+    if untrusted:
+        guards.refuse_hooks("before the first call")
     gc.disable()
     timer.start()
     try:
@@ -289,6 +302,8 @@ def _sample(
             window(empty, 0, "empty")
 
         deadline = perf() + budget_s
+        # the CPU time of the process's other threads (and reaped children) over the timed calls
+        other_cpu_start = guards.other_cpu_s() if getattr(timer, "counts_cpu", False) else None
         n = 0
         next_check = max(min_samples, _FIRST_CHECK)
         converged = False
@@ -319,6 +334,9 @@ def _sample(
                 if stats.rse_of_median(sorted(values)) < rse_target:
                     converged = True
                     break
+        if untrusted:
+            guards.refuse_hooks("after the last call")
+        other_cpu_us = None if other_cpu_start is None else (guards.other_cpu_s() - other_cpu_start) * 1e6
         records = timer.stop()
     except BaseException:
         timer.stop_quietly()
@@ -328,7 +346,7 @@ def _sample(
             gc.enable()
 
     times, extra = _per_call_times(timer, roles, host_us, direct_us, records=records,
-                                   host_slack_us=host_slack_us, flags=flags)
+                                   host_slack_us=host_slack_us, flags=flags, other_cpu_us=other_cpu_us)
     ordered = sorted(times)
     rse = stats.rse_of_median(ordered)
     if not converged and not rse < rse_target:
@@ -357,6 +375,7 @@ def _per_call_times(
     records: Any = None,
     host_slack_us: float = HOST_SLACK_US,
     flags: list[str] | None = None,
+    other_cpu_us: float | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
     """Per timed call: the time and (final pass) the host-bound check and CUPTI's extras."""
     timed = [j for j, r in enumerate(roles) if r == "timed"]
@@ -372,6 +391,9 @@ def _per_call_times(
         primary = _events_times(direct_us, roles, timed, flags)
     else:
         primary = [max(0.0, host_us[j] - host_overhead_us) for j in timed]
+        if other_cpu_us is not None and timed and not interim:  # ``WallTimer``'s cpu_clock: CPU times too
+            assert flags is not None
+            primary = _at_least_cpu_time(primary, direct_us, roles, timed, other_cpu_us, flags)
     if interim:
         return primary, extra
 
@@ -412,6 +434,32 @@ def _per_call_times(
         if first and sum(first[0].values()) > 0 and all(sum(w.values()) == 0 for w in later):
             flags.append("no_gpu_work_after_first_call")
     return primary, extra
+
+
+# CPU time this much above the wall time (and 1 us) says more than one core worked on the calls
+CPU_ABOVE_WALL_FLAG = 1.1
+
+
+def _at_least_cpu_time(wall: list[float], thread_cpu_us: list[Any], roles: list[str], timed: list[int], other_cpu_us: float,
+                       flags: list[str]) -> list[float]:
+    """On a CPU, each timed call's wall time or, when larger, its CPU time: the timing thread's
+    own in the call's window (less the empty windows' median), plus an even share of what the
+    process's other threads and the children it reaped spent during the timed calls. Extra
+    threads or processes earn nothing; a single thread's CPU time is never above its wall time,
+    so honest single-threaded calls read as before.
+
+    The other threads' time is taken over the whole loop, not per window: the kernel folds a
+    thread running on another core into the process's CPU clock only at its scheduler ticks
+    (4 ms apart at 250 Hz), so one window's figure jumps, while the loop's total holds."""
+    empties = sorted(thread_cpu_us[j] for j, r in enumerate(roles) if r == "empty")
+    overhead_us = stats.median(empties) if empties else 0.0
+    share_us = max(0.0, other_cpu_us) / len(timed)
+    cpu = [max(0.0, thread_cpu_us[j] - overhead_us) + share_us for j in timed]
+    wall_median, cpu_median = stats.median(sorted(wall)), stats.median(sorted(cpu))
+    if cpu_median > CPU_ABOVE_WALL_FLAG * wall_median + 1.0:
+        flags.append(f"cpu_time_above_wall: the calls took {cpu_median:.1f} us of CPU time in {wall_median:.1f} us of wall time,"
+                     f" {share_us:.1f} us of it in other threads or processes: timed by the CPU time")
+    return [max(w, c) for w, c in zip(wall, cpu)]
 
 
 def _describe_work_change(works: Sequence[Counter]) -> str:
@@ -484,7 +532,7 @@ def benchmark(
     result = measure(
         call, n_sets=len(sets), refresh=refresh, on_output=on_output, device=str(device),
         method=method, warmup_s=warmup_s, budget_s=budget_s, min_samples=min_samples,
-        max_samples=max_samples, flush_l2=flush_l2, rse_target=rse_target,
+        max_samples=max_samples, flush_l2=flush_l2, rse_target=rse_target, untrusted=False,
     ).to_dict()
     result["latency_ms_median"] = result["median_us"] / 1e3
     result["latency_ms_min"] = result["min_us"] / 1e3
