@@ -163,16 +163,20 @@ def confine_child(role: str, workdir: str) -> str | None:
     if role == "candidate" and caches:
         # one per session: a kernel compiles once per session, not once per child
         writable.append(caches)
+        os.environ.update({
+            "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+            "TORCH_EXTENSIONS_DIR": os.path.join(caches, "torch-extensions"),
+        })
     else:
-        caches = os.path.join(workdir, "caches")  # the trusted and baseline children keep theirs apart
+        # the trusted and baseline children keep their compile caches in their own directory
+        # (``child._compile_without_shared_caches``), and the rest here
+        caches = os.path.join(workdir, "caches")
     home = os.path.join(caches, "home")
     os.makedirs(home, exist_ok=True)
     os.environ.update({
         "HOME": home,  # what programs write under ``~`` (CuPy's kernel cache, ~/.nv, ...)
         "XDG_CACHE_HOME": os.path.join(home, ".cache"),
-        "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-        "TORCH_EXTENSIONS_DIR": os.path.join(caches, "torch-extensions"),
         "CUDA_CACHE_PATH": os.path.join(caches, "cuda"),
     })
     return apply(writable)

@@ -92,7 +92,7 @@ def test_private_working_directory_removed_and_not_importable(make_case, run_kco
         "def run(a, b):\n    return a + b\n"
     )
     make_case("cases/add", candidates={"spy": spy, "spy_too": spy})
-    run_kcoral("--kcoral-mode", "correctness").assert_outcomes(passed=4)
+    run_kcoral("--kcoral-mode", "correctness", "--kcoral-confinement", "off").assert_outcomes(passed=4)  # the log is outside their directories
     # one import per candidate: its two items share its process (pytest_kcoral/kept_children.py)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == 2
@@ -135,7 +135,7 @@ def _log(role):
 """, unseen='[{"n": 65}]')
     cand = f"import json, os\ndef run(a, b):\n    with open({str(pids)!r}, 'a') as f:\n        f.write(json.dumps({{'role': 'candidate', 'pid': os.getpid()}}) + '\\n')\n    return a + b\n"
     make_case("cases/add", case, {"c1": cand, "c2": cand})
-    run_kcoral().assert_outcomes(passed=4)
+    run_kcoral("--kcoral-confinement", "off").assert_outcomes(passed=4)
     records = [json.loads(line) for line in pids.read_text().splitlines()]
     trusted = {r["pid"] for r in records if r["role"] in ("reference", "baseline")}
     candidates = {r["pid"] for r in records if r["role"] == "candidate"}
@@ -158,7 +158,7 @@ def test_every_child_runs_without_transparent_huge_pages(make_case, run_kcoral, 
     )
     case = _add_case_logging_roles(probe, unseen="[]")
     make_case("cases/add", case, {"c": probe + "def run(a, b):\n    _log('candidate')\n    return a + b\n"})
-    run_kcoral().assert_outcomes(passed=1)
+    run_kcoral("--kcoral-confinement", "off").assert_outcomes(passed=1)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["role"] for r in records} == {"reference", "baseline", "candidate"}
     assert all(r["thp_disabled"] == 1 for r in records), records
@@ -261,7 +261,7 @@ def baseline(a, b):
 """
     cand = f"{logger}\ndef run(a, b):\n    _log('candidate')\n    return a + b\n"
     make_case("cases/add", case, {"c": cand})
-    run_kcoral().assert_outcomes(passed=1)
+    run_kcoral("--kcoral-confinement", "off").assert_outcomes(passed=1)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     # the baseline runs in the trusted child (its correctness) and in the child that times it
     trusted = [r for r in records if r["role"] in ("trusted", "baseline")]
@@ -303,7 +303,7 @@ def test_a_stopped_session_leaves_no_candidate_running(pytester, make_case, sig,
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=temp)
     session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases",
                                 "-k", "seen and not unseen", "--kcoral-mode", "correctness", "--kcoral-timeout", "300",
-                                "--kcoral-json", "out.json"], cwd=pytester.path, env=env,
+                                "--kcoral-json", "out.json", "--kcoral-confinement", "off"], cwd=pytester.path, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

@@ -458,6 +458,7 @@ def reference(x):
 
 # Each call logs who was called (R reference, B baseline, C candidate), when, in which process
 # and on which inputs (the first element of the first one).
+# The log lies outside the children's directories: the tests that use it run unconfined.
 LOGGING_CASE = """
 import os
 import time
@@ -501,7 +502,7 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     log = repr(str(pytester.path / "calls.log"))
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", log), {"logged": LOGGING_CANDIDATE.replace("__LOG__", log)})
     # every round: no stop at a precision target
-    run_kcoral("--kcoral-json", "out.json", "--kcoral-precision", "off").assert_outcomes(passed=1)
+    run_kcoral("--kcoral-json", "out.json", "--kcoral-precision", "off", "--kcoral-confinement", "off").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["baseline_timing"]["rounds"] == item["candidate_timing"]["rounds"] == TIMING_ROUNDS
     # a CPU's wall clock is not the host's speed setting a GPU's (``host_set_side``): one pair of processes
@@ -548,7 +549,7 @@ def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_wa
     log = pytester.path / "calls.log"
     case = LOGGING_CASE.replace("__LOG__", repr(str(log))).replace("UNSEEN = []", 'UNSEEN = [{"n": 32}]')
     make_case("cases/add", case, {"logged": LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))})
-    run_kcoral().assert_outcomes(passed=2)
+    run_kcoral("--kcoral-confinement", "off").assert_outcomes(passed=2)
     calls = _logged_calls(log)
     trusted = {pid for _, who, pid, _ in calls if who == "R"}  # the reference runs only there
     candidates = [pid for _, who, pid, _ in calls if who == "C"]
@@ -573,7 +574,7 @@ def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pa
     from pair to pair (``pipeline._alternating_sides``)."""
     log = pytester.path / "calls.log"
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))), {"logged": LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))})
-    run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "3").assert_outcomes(passed=1)
+    run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "3", "--kcoral-confinement", "off").assert_outcomes(passed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     base, cand = item["baseline_timing"], item["candidate_timing"]
     pairs = cand["processes"]
@@ -625,7 +626,7 @@ def test_a_candidate_wrong_in_a_later_process_only_fails(make_case, run_kcoral, 
     mark = repr(str(pytester.path / "mark"))
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(pytester.path / "calls.log"))),
               {"first_only": RIGHT_IN_ITS_FIRST_PROCESS_ONLY.replace("__MARK__", mark)})
-    result = run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "2")
+    result = run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "2", "--kcoral-confinement", "off")
     result.assert_outcomes(failed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["stage"] == "timing" and item["correct"] is False and not item["case_failed"]
@@ -653,7 +654,7 @@ _case.write_text(_case.read_text().replace('log("B", a)', 'log("X", a)'))
     (folder / "candidates" / "good.py").unlink()
     (folder / "candidates" / "a_rewriter.py").write_text(rewriter)
     (folder / "candidates" / "b_honest.py").write_text(GOOD)
-    run_kcoral("--kcoral-json", "out.json").assert_outcomes(failed=2)
+    run_kcoral("--kcoral-json", "out.json", "--kcoral-confinement", "off").assert_outcomes(failed=2)
     items = json.loads((pytester.path / "out.json").read_text())["items"]
     for item in items:
         assert item["case_failed"] is True and item["speedup"] is None

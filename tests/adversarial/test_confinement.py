@@ -157,3 +157,34 @@ def test_required_confinement_where_there_is_none_is_a_usage_error(make_case, ru
     result = run_kcoral("--kcoral-confinement", "landlock")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kcoral-confinement landlock: children cannot be confined here (none: *)*"])
+
+
+# Where a confined candidate's compile caches, home and temp files go, written to and then shown
+SHOWS_ITS_CACHES = """
+import os, tempfile
+
+def run(a, b):
+    places = {}
+    for key in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "HOME"):
+        os.makedirs(os.environ[key], exist_ok=True)
+        with open(os.path.join(os.environ[key], "probe"), "w") as f:   # writable
+            f.write("ok")
+        places[key] = os.environ[key]
+    places["tmp"] = tempfile.mkdtemp()
+    raise RuntimeError("places " + " ".join(f"{k}={v}" for k, v in sorted(places.items())) + " cwd=" + os.getcwd())
+"""
+
+
+@needs_landlock
+def test_a_candidates_caches_are_the_sessions_and_writable(make_case, run_kcoral):
+    import re
+
+    make_case("cases/add", candidates={"caches": SHOWS_ITS_CACHES})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    line = next(x for x in result.stdout.lines if x.startswith("kcoral correctness failed: RuntimeError: places "))
+    places = dict(re.findall(r"(\w+)=(\S+)", line))
+    for key in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "HOME"):
+        # the session's cache directory, shared by its candidates and outside each one's own
+        assert os.path.basename(os.path.dirname(places[key])).startswith("kcoral-caches-"), (key, places)
+    assert places["tmp"].startswith(places["cwd"] + os.sep)
