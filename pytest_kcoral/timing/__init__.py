@@ -147,7 +147,7 @@ def measure(
     ``TimerUnavailable``; with ``method=None`` a CUPTI failure falls back to events and says so
     in ``flags``. ``untrusted`` (a graded candidate's callable): the loop refuses profile and
     trace hooks and torch modes (``guards``), and on a CPU a call's time is never less than the
-    process's CPU time over its window; ``benchmark`` (a user's own code) sets it False.
+    CPU time spent on it (``_at_least_cpu_time``); ``benchmark`` (a user's own code) sets it False.
     """
     if n_sets < 1:
         raise ValueError("n_sets must be at least 1")
