@@ -65,10 +65,21 @@ def _case_items(collector: pytest.Collector, load: Callable[[], Case]) -> tuple[
     # shape by shape: a shape's items sit next to each other, so xdist, which hands out
     # consecutive items in chunks, tends to give them to one worker, and that worker's
     # reference data for the shape (computed under the lease) serves all of them
-    items = [KernelItem.from_parent(collector, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate,
-                                    shape=shape)
-             for shape in case.shapes for candidate in candidates]
+    names = [(f"{candidate.name}[{shape.split}-{shape.shape_id}]", candidate, shape) for shape in case.shapes for candidate in candidates]
+    items = [KernelItem.from_parent(collector, name=name, nodeid=item_nodeid(collector.nodeid, name), case=case, candidate=candidate, shape=shape)
+             for name, candidate, shape in names]
     return case, items
+
+
+def item_nodeid(parent_nodeid: str, name: str) -> str:
+    """An item's node id, given as a string so that pytest parses it as it parses the ids it saved.
+
+    pytest 9.2 compares structured ids (``_pytest.nodeid.NodeId``: path, names, params). Left to
+    itself it would build ``add::good[seen-n=4]`` as the name ``good[seen-n=4]`` with no params,
+    while ``--lf``, ``--ff``, ``--nf`` and ``--sw`` parse the saved string into the name ``good``
+    and the params ``seen-n=4``: the two never compare equal, and ``--lf`` reran every item.
+    A string parses the same way on both sides; older pytest keeps strings as they are."""
+    return f"{parent_nodeid}::{name}"
 
 
 def _no_candidates(case: Case) -> str:

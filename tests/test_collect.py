@@ -610,14 +610,3 @@ def test_files_whose_names_start_with_an_underscore_are_not_candidates(pytester,
     result.stdout.fnmatch_lines(["*cases/add::good[[]seen-n=256[]] PASSED*", "*cases/add::team-a/try1[[]seen-n=256[]] PASSED*"])
     assert "_draft" not in result.stdout.str() and "scratch" not in result.stdout.str() and "_add" not in result.stdout.str()
 
-
-def test_last_failed_reruns_only_the_items_that_failed(pytester, make_case, monkeypatch):
-    # pytest's own cache (``--lf``): graded items keep their ids from one session to the next
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "wrong": "def run(a, b):\n    return a - b\n"})
-    first = pytester.runpytest("-p", "kcoral", "--kcoral-mode", "correctness", "cases")
-    first.assert_outcomes(passed=2, failed=2)
-    again = pytester.runpytest("-p", "kcoral", "--kcoral-mode", "correctness", "cases", "--lf", "-v")
-    again.assert_outcomes(failed=2, deselected=2)
-    again.stdout.fnmatch_lines(["*run-last-failure: rerun previous 2 failures*"])
-    assert "cases/add::good" not in again.stdout.str()
