@@ -57,15 +57,20 @@ class Unpredictable:
 _rng = Unpredictable()
 
 
-def main(conn: Connection, output: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any]) -> None:
-    """Entry point of a child (a multiprocessing target started from the template process)."""
+def main(conn: Connection, stdout: Connection, stderr: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any],
+         live_output: bool = False) -> None:
+    """Entry point of a child (a multiprocessing target started from the template process).
+    ``live_output``: stdout flushed at every line, for ``-s``."""
     os.setsid()  # own process group: the parent kills the child and whatever it started at once
     leftovers.die_with_parent()  # the template dies with the pytest process, and the child with it
     # detached grandchildren (setsid + double fork) come back to this process, where they are found
     leftovers.become_subreaper()
-    for fd in (1, 2):
-        os.dup2(output.fileno(), fd)
-    output.close()
+    for fd, pipe in ((1, stdout), (2, stderr)):
+        os.dup2(pipe.fileno(), fd)
+        pipe.close()
+    if live_output:
+        with contextlib.suppress(Exception):
+            sys.stdout.reconfigure(line_buffering=True)
     os.chdir(workdir)
     os.environ.update(env)
     sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
@@ -88,6 +93,12 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
 
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a candidate may have closed or replaced them
+            stream.flush()
 
 
 def _compile_without_shared_caches(workdir: str) -> None:
@@ -218,6 +229,7 @@ class _Runner:
                 reply, reply_payload = self.handle(header, payload)
             finally:
                 faulthandler.cancel_dump_traceback_later()
+            _flush_std_streams()  # what the command printed is in the pipes before its reply
             protocol.send(conn, dict(reply, **echo), reply_payload)
 
     def handle(self, header: dict[str, Any], payload: Any) -> tuple[dict[str, Any], Any]:

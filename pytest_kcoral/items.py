@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 
 import pytest
 
+from pytest_kcoral import captured_output
 from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
 from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case, load_problem_file
 from pytest_kcoral.pipeline import ItemSpec
@@ -144,10 +145,13 @@ class KernelItem(pytest.Item):
             self.add_marker(pytest.mark.xfail(reason=KNOWN_WRONG_REASON, raises=CandidateFailure, strict=False))
 
     def runtest(self) -> None:
-        from pytest_kcoral.plugin import get_executor
+        from pytest_kcoral.plugin import get_executor, settings_key
 
         result = get_executor(self.config).run(ItemSpec(self.nodeid, self.case, self.candidate, self.shape))
         self.stash[result_key] = result
+        if not self.config.stash[settings_key].live_output:  # with -s the terminal has shown it already
+            for stream, text in captured_output.sections(result.output_tail):
+                self.add_report_section("call", stream, text)  # pytest's "Captured stdout call"
         for name, value in junit_properties(result):
             self.user_properties.append((name, value))
         if result.outcome == "skipped":

@@ -148,6 +148,8 @@ class Settings:
     # stops (0.01 for 1%); None: off, every item spends its timing budget
     precision: float | None = DEFAULT_PRECISION
     html_path: Path | None = None  # --kcoral-html: the report page (report/html.py)
+    # -s / --capture=no: a candidate's output goes to the terminal as it comes (``captured_output``)
+    live_output: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -164,6 +166,10 @@ class Settings:
             # nothing is timed, so the gate could never fail an item: a run that looks gated and is not
             raise pytest.UsageError(f"--kcoral-min-speedup {min_speedup:g} needs timing, and --kcoral-mode correctness times nothing;"
                                     " drop one of them")
+        if opt("kcoral_compare") and opt("kcoral_mode") == "correctness":
+            # a comparison of speedups with nothing timed would pass every candidate, saying nothing
+            raise pytest.UsageError(f"--kcoral-compare {opt('kcoral_compare')} compares speedups, and --kcoral-mode correctness"
+                                    " times nothing; drop one of them")
         given_seed = opt("kcoral_seed")
         if seed is None:
             seed = given_seed if given_seed is not None else secrets.randbits(63)
@@ -222,4 +228,5 @@ class Settings:
             process_pairs=None if process_pairs == "auto" else int(process_pairs),
             precision=precision,
             html_path=Path(html_path) if html_path else None,
+            live_output=opt("capture", None) == "no",
         )

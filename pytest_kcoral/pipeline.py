@@ -312,6 +312,7 @@ class LocalExecutor:
             try:
                 with timed_phase(result, "compile"):
                     candidate = self._candidate_child(spec, stack, deadline, reuse=True)
+                stack.callback(_keep_output, candidate, result)
                 # before any candidate code of the item runs (see ``_baseline_child``); starting it
                 # is the case's work, not the item's: the item's deadline moves by what it took
                 baseline_started = time.monotonic()
@@ -377,7 +378,8 @@ class LocalExecutor:
         if child is None:
             self._require_case_as_collected(spec.case, "compile", "startup")
             try:
-                child = Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox)
+                child = Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox,
+                              live_output=self.settings.live_output)
             except ChildFailure as failure:
                 self._skip_if_case_needs_cuda(failure)
                 raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase,
@@ -1105,6 +1107,12 @@ def _well_formed_structures(structures: Any, outputs: list[Any], trials: int) ->
         if leaves is None or (values is not None and (not isinstance(values, (list, tuple)) or leaves != len(values))):
             return False
     return True
+
+
+def _keep_output(candidate: Child, result: ItemResult) -> None:
+    """What the candidate's process printed during the item, into the item (the process may
+    serve the candidate's next item too)."""
+    result.output_tail = candidate.take_output_tail()
 
 
 def _one_screen(lines: list[str], limit: int = 12) -> str:

@@ -84,6 +84,8 @@ class ItemResult:
     correct: bool | None = None  # None: correctness not reached
     baseline_correct: bool | None = None  # the baseline checked against the reference on this shape
     message: str | None = None  # one screen saying why it failed or was skipped
+    # the last lines the candidate's process printed, per stream (``captured_output.record``); None: nothing
+    output_tail: dict[str, Any] | None = None
     phase: str | None = None  # phase inside the stage where a process died or timed out
     # the case itself failed here (its import, inputs, reference or baseline), not the candidate; the item
     # still fails: a candidate able to break its case must not escape a grade by doing so
