@@ -57,6 +57,21 @@ def record(tails: dict[str, StreamTail]) -> dict[str, Any] | None:
     return {name: tails[name].summary() for name in STREAMS}
 
 
+def cut_from(output_tail: dict[str, Any], stream: str, marker: str) -> dict[str, Any] | None:
+    """``output_tail`` without ``stream``'s text from the last line that starts with ``marker`` on
+    (what the harness printed there), its counts made to match; None if nothing is left."""
+    kept = output_tail[stream]
+    text = kept["text"]
+    at = text.rfind("\n" + marker)
+    at = at + 1 if at >= 0 else (0 if text.startswith(marker) else -1)
+    if at < 0:
+        return output_tail
+    cut = text[at:]
+    output_tail = dict(output_tail, **{stream: {"text": text[:at], "bytes": max(0, kept["bytes"] - len(cut.encode())),
+                                                "lines": max(0, kept["lines"] - len(cut.splitlines()))}})
+    return output_tail if any(output_tail[name]["bytes"] for name in STREAMS) else None
+
+
 def sections(output_tail: dict[str, Any] | None) -> list[tuple[str, str]]:
     """``(stream, text)`` for each stream that printed: the kept lines, with a first line saying
     what was cut when the stream held more."""

@@ -320,8 +320,7 @@ class _Runner:
         # in every trial, once one trial wrote it
         written_inputs = header["written_inputs"] if "written_inputs" in header else sorted(written)
         reply = {"baseline_problems": baseline_problems, "baseline_raised": baseline_raised, "weak": weak, "structure": structure,
-                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases),
-                 "model_has_parameters": self.case.model_has_parameters(shape)}
+                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases)}
         return reply, {"inputs": inputs, "reference": refs,
                        "written": [tuple(after[j] for j in written_inputs) for after in after_calls]}
 
@@ -445,7 +444,8 @@ class _Runner:
             # which outputs are inputs: a GPU MODE kernel may write the output buffer its data carries
             # (only for plain dense outputs: a sparse one, say, has no storage to compare)
             aliases.append([list(pair) for pair in sorted(_aliases(out_tuple, args))] if not problems else [])
-        return ({"findings": findings, "inputs_changed": inputs_changed, "structures": structures, "output_aliases": aliases},
+        return ({"findings": findings, "inputs_changed": inputs_changed, "structures": structures, "output_aliases": aliases,
+                 "parameters_differ": self.candidate.parameters_differ},
                 {"outputs": outputs, "written": written})
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:

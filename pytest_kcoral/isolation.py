@@ -226,11 +226,14 @@ _NOT_THEIRS = (os.path.dirname(os.path.abspath(__file__)), *(sysconfig.get_paths
                "<")  # "<frozen ...>", and the template's "<string>"
 
 
+_STACK_DUMP_START = "Timeout ("  # faulthandler's first line
+
+
 def stack_at_timeout(output: str) -> tuple[str, str]:
     """Where a timed-out child was, from the stacks ``faulthandler`` printed just before the
     deadline: `` at FILE:LINE in FUNC`` for the innermost frame of the candidate's or the case's
     code (empty when there is none), and the output with the dump cut down to those frames."""
-    start = output.rfind("Timeout (")
+    start = output.rfind(_STACK_DUMP_START)
     if start < 0:
         return "", output
     frames = [m for m in (_DUMP_FRAME.match(line) for line in output[start:].splitlines()) if m]
@@ -372,6 +375,7 @@ class Child:
         self.last_call_s = 0.0  # the parent's own clock around the last command
         self.paused = False
         self.items_served = 0  # items this child ran a candidate for (``kept_children``)
+        self.timed_out = False
         try:
             self.process.start()
         finally:
@@ -418,6 +422,7 @@ class Child:
         ready = multiprocessing.connection.wait([self.conn, self.process.sentinel], max(0.0, remaining)) if remaining > 0 else []
         if not ready:
             self.kill()
+            self.timed_out = True
             where, output = stack_at_timeout(self.output())
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' (item timeout reached){where}", output)
         if self.conn not in ready and not self.conn.poll(0):
@@ -427,6 +432,7 @@ class Child:
                                             max_payload_bytes=reply_limit_bytes)
         except TimeoutError:  # a message begun and never finished counts as a hang
             self.kill()
+            self.timed_out = True
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' in the middle of a reply (item timeout reached)", self.output()) from None
         except (EOFError, ConnectionResetError, OSError):
             self._raise_died()
@@ -504,9 +510,13 @@ class Child:
     def take_output_tail(self) -> dict[str, Any] | None:
         """The last lines of each stream since the last call (``captured_output.record``): what
         the child printed during one item, when it serves several. The child flushes its streams
-        before every reply, so once a reply came back, what it printed before is here."""
+        before every reply, so once a reply came back, what it printed before is here. After a
+        timeout, without the stacks the child printed just before it (the message has them)."""
         self.drain.settle()
-        return captured_output.record(self.drain.restart())
+        tail = captured_output.record(self.drain.restart())
+        if tail is not None and self.timed_out:
+            tail = captured_output.cut_from(tail, "stderr", _STACK_DUMP_START)
+        return tail
 
     def kill(self) -> None:
         pid = self.process.pid

@@ -157,8 +157,6 @@ class ReferenceData:
     # (output, input) pairs where the reference returns one of its inputs (``return a.add_(b)``):
     # a candidate's output may share memory with that input too
     output_aliases: tuple[tuple[int, int], ...] = ()
-    # a KernelBench Model holds parameters (its weights come from the init seed); None: another format
-    model_has_parameters: bool | None = None
     seeds: list[int] = field(default_factory=list)  # each trial's: a case's checker makes its inputs again
 
     def record_into(self, result: ItemResult) -> None:
@@ -560,7 +558,6 @@ class LocalExecutor:
             written_inputs=tuple(header.get("written_inputs") or ()),
             written=payload.get("written") or [],
             output_aliases=tuple((int(i), int(j)) for i, j in header.get("output_aliases") or ()),
-            model_has_parameters=header.get("model_has_parameters"),
             seeds=seeds,
         )
         if not data.written_inputs and all(v is None for ref in data.reference for v in ref):
@@ -663,9 +660,9 @@ class LocalExecutor:
                 trial += judged[t] if judged is not None else _compare_trial(ref, t, outputs[t], written[t], tol)
             trial += correctness.describe_changed_inputs(changed[t], _may_write(spec.case, header, t))
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
-        if spec.case.format == KERNELBENCH and ref.model_has_parameters and _mostly_wrong(problems, len(ref.inputs)):
-            # the usual cause: ModelNew draws its parameters in another order than Model (a Model
-            # without parameters has no weights to get wrong: the hint would mislead there)
+        if spec.case.format == KERNELBENCH and header.get("parameters_differ") is True and _mostly_wrong(problems, len(ref.inputs)):
+            # ModelNew's child found its weights differ from Model's: it draws them in another
+            # order or shape (where they match, the kernel itself is wrong, and the hint would mislead)
             problems.append("hint: most elements differ in every trial: ModelNew's parameters are made under the same seed"
                             " as Model's, so they match only when ModelNew creates the same parameters, in the same order and shapes")
         # what explains wrong values goes first; after a wrong kind of output (an int where the

@@ -201,6 +201,17 @@ def test_kernelbench_parameters_made_in_another_order_get_a_hint(pytester, make_
                                  "hint: most elements differ in every trial: ModelNew's parameters are made under the same seed*"])
 
 
+def test_kernelbench_with_model_s_own_parameters_and_a_wrong_kernel_gets_no_parameter_hint(pytester, make_case, run_kcoral):
+    # ModelNew builds Model's layer, so its weights match: the kernel's maths is what is wrong
+    wrong_maths = KERNELBENCH_CANDIDATE.replace("x @ self.linear.weight.T + self.linear.bias, 0.0)",
+                                                "x @ self.linear.weight.T + self.linear.bias, 0.0) + 1.0")
+    make_case("kb/relu_linear", KERNELBENCH_CASE, {"off_by_one": wrong_maths})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*trial 1 of 3: output 0: 32 of 32 elements (100%) outside*", "trial 3 of 3: *(100%) outside*"])
+    assert "ModelNew's parameters" not in result.stdout.str()
+
+
 def test_kernelbench_without_parameters_gets_no_parameter_hint(pytester, make_case, run_kcoral):
     # the hint blamed ModelNew's parameters where Model has none: there the candidate's maths is wrong
     no_parameters = KERNELBENCH_CASE.replace("        self.linear = torch.nn.Linear(features, features)\n", "").replace(
