@@ -5,6 +5,7 @@ session's executor."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pytest
@@ -149,6 +150,7 @@ class KernelItem(pytest.Item):
 
         result = get_executor(self.config).run(ItemSpec(self.nodeid, self.case, self.candidate, self.shape))
         self.stash[result_key] = result
+        result.candidate_file = _relative_to(self.candidate.path, self.config.rootpath)
         if not self.config.stash[settings_key].live_output:  # with -s the terminal has shown it already
             for stream, text in captured_output.sections(result.output_tail):
                 self.add_report_section("call", stream, text)  # pytest's "Captured stdout call"
@@ -177,6 +179,14 @@ class KernelItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.candidate.path, None, f"{self.case.case_id}::{self.name}"
+
+
+def _relative_to(path: Path, root: Path) -> str:
+    """``path`` as a POSIX string, relative to ``root`` when it lies inside it."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.resolve().as_posix()
 
 
 def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:

@@ -76,6 +76,8 @@ class ItemResult:
     attempt: str | None = None  # submissions with several attempts
     # a known answer: "fail" for a candidate under wrong/, "pass" under correct/, else None
     expected: str | None = None
+    # the candidate's file, relative to the rootdir when it lies inside it (``items.KernelItem``)
+    candidate_file: str | None = None
 
     # How far it got: the stage that failed, or "done".
     stage: str = "compile"

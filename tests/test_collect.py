@@ -339,11 +339,13 @@ def test_a_missing_submissions_folder_is_a_usage_error(make_case, run_kcoral):
     (["--kcoral-min-speedup", "nan"], "--kcoral-min-speedup must be a positive number, not nan"),
     (["--kcoral-min-speedup", "1.5", "--kcoral-mode", "correctness"],
      "--kcoral-min-speedup 1.5 needs timing, and --kcoral-mode correctness times nothing; drop one of them"),
+    (["--kcoral-compare", "old.json", "--kcoral-mode", "correctness"],
+     "--kcoral-compare old.json compares speedups, and --kcoral-mode correctness times nothing; drop one of them"),
     (["--kcoral-trials", "10000000"], "--kcoral-trials must be from 1 to 1000, not 10000000"),
     (["--kcoral-lease-dir", "cases/add/case.py"], "--kcoral-lease-dir cases/add/case.py: cannot be made a directory (File exists)"),
     (["--kcoral-json", "cases"], "--kcoral-json cases: a directory; give the path of the file to write"),
     (["--kcoral-timer", "cupti"], "--kcoral-timer cupti times CUDA devices, and none is visible here; *"),
-], ids=["timeout-inf", "timeout-nan", "budget-zero", "lease-timeout-negative", "min-speedup-nan", "min-speedup-untimed", "trials-huge",
+], ids=["timeout-inf", "timeout-nan", "budget-zero", "lease-timeout-negative", "min-speedup-nan", "min-speedup-untimed", "compare-untimed", "trials-huge",
         "lease-dir-a-file", "json-a-directory", "cupti-without-a-gpu"])
 def test_a_bad_option_value_is_a_usage_error_at_the_start(make_case, run_kcoral, args, message):
     make_case("cases/add")

@@ -26,6 +26,7 @@ from pytest_kcoral.report import (
     fmt_unseen,
     host_set_note,
     known_answer_lines,
+    leaderboard_name,
     no_seen_note,
     nothing_timed,
 )
@@ -122,7 +123,8 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     if scores.leaderboard:
         out += ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
         for e in scores.leaderboard:
-            team = _cell(e.team) if e.team is not None else "(bundled)"
+            # a folder in code: its * would start emphasis
+            team = _cell(e.team) if e.team is not None else (f"`{_cell(leaderboard_name(e))}`" if e.folder else leaderboard_name(e))
             out.append(f"| {e.rank} | {team} | {fmt_speed_score(e.bench_lite_total, s.timed)} |"
                        f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
     if compare is not None:
