@@ -151,7 +151,8 @@ class KernelItem(pytest.Item):
         result = get_executor(self.config).run(ItemSpec(self.nodeid, self.case, self.candidate, self.shape))
         self.stash[result_key] = result
         result.candidate_file = _relative_to(self.candidate.path, self.config.rootpath)
-        if not self.config.stash[settings_key].live_output:  # with -s the terminal has shown it already
+        settings = self.config.stash[settings_key]
+        if not settings.live_output or settings.url:  # with -s a local run has shown it already
             for stream, text in captured_output.sections(result.output_tail):
                 self.add_report_section("call", stream, text)  # pytest's "Captured stdout call"
         for name, value in junit_properties(result):
