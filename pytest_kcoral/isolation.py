@@ -267,8 +267,8 @@ def _pending_bytes(fd: int) -> int:
 class _OutputDrain(threading.Thread):
     """Reads a child's stdout and stderr to EOF: both together in arrival order, keeping the first
     and last few kilobytes (what a crash report shows), and each stream's last lines on its own
-    (``captured_output.StreamTail``: the report's captured sections). ``live``: also writes each
-    stream to this process's as it comes (``-s``), up to a limit."""
+    (``captured_output.StreamTail``: the report's captured sections). With ``live_label`` (``-s``)
+    it also writes each stream to this process's as it comes, up to a limit."""
 
     def __init__(self, fds: dict[str, int], live_label: str | None = None) -> None:
         super().__init__(daemon=True, name=f"kcoral-drain-{fds['stdout']}")
