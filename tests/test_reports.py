@@ -458,6 +458,8 @@ def test_the_leaderboard_names_the_bundled_candidates_folder():
     LineMatcher(terminal.summary_lines(two)).fnmatch_lines(["   1. cases/[*]/candidates/ * correct 2/2  mean 1.00x"])
     assert "| 1 | `cases/*/candidates/` |" in step_summary.render_markdown(two)
     assert scoring.folder_pattern(["cases/add/candidates", "cases/bench_add"]) == "cases/**"
+    mixed = scoring.score([at("cases/add", "cases/add/candidates"), at("cases/relu", "cases/relu")])
+    LineMatcher(terminal.summary_lines(mixed)).fnmatch_lines(["   1. cases/[*][*] * correct 2/2  mean 1.00x"])
     assert scoring.folder_pattern(["cases/add/candidates", None]) is None  # from a saved run without the field
 
 

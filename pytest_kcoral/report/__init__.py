@@ -139,10 +139,12 @@ def _cut_middle(text: str, width: int) -> str:
 
 def leaderboard_name(entry: LeaderboardEntry) -> str:
     """A team's name; for the bundled candidates (team None), their folder, as a pattern when they
-    lie in several (``cases/*/candidates/``)."""
+    lie in several (``cases/*/candidates/``, or ``cases/**`` at several depths)."""
     if entry.team is not None:
         return entry.team
-    return f"{entry.folder}/" if entry.folder else "(bundled)"
+    if not entry.folder:
+        return "(bundled)"
+    return entry.folder if entry.folder.endswith("**") else f"{entry.folder}/"
 
 
 def fmt_bandwidth(gbps: float | None) -> str:
