@@ -148,7 +148,7 @@ class Settings:
     # stops (0.01 for 1%); None: off, every item spends its timing budget
     precision: float | None = DEFAULT_PRECISION
     html_path: Path | None = None  # --kcoral-html: the report page (report/html.py)
-    # -s / --capture=no: a candidate's output goes to the terminal as it comes (``captured_output``)
+    # -s / --capture=no, not on an xdist worker: a candidate's output goes to the terminal as it comes (``captured_output``)
     live_output: bool = False
 
     @classmethod
@@ -228,5 +228,6 @@ class Settings:
             process_pairs=None if process_pairs == "auto" else int(process_pairs),
             precision=precision,
             html_path=Path(html_path) if html_path else None,
-            live_output=opt("capture", None) == "no",
+            # an xdist worker's own output reaches no terminal: there the report's sections show it
+            live_output=opt("capture", None) == "no" and not hasattr(config, "workerinput"),
         )

@@ -91,3 +91,11 @@ def test_with_s_a_flood_stops_at_the_live_limit(make_case, run_kcoral):
     assert "spam line 0\n" in out and "spam line 299999" not in out
     assert LIVE_LIMIT_BYTES < len(out) < LIVE_LIMIT_BYTES + 20_000
     assert "[kcoral: candidate flood printed over 1.0 MiB to stdout; the rest is not shown]" in out
+
+
+def test_with_s_under_xdist_the_report_shows_it(make_case, run_kcoral):
+    # an xdist worker's output reaches no terminal: live output there would be lost
+    make_case("cases/add", candidates={"chatty": CHATTY_WRONG})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen", "-s", "-n", "2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*- Captured stdout call -*", "loading the chatty kernel"])
