@@ -156,7 +156,7 @@ class RemoteExecutor(LocalExecutor):
         # the candidate's whole program runs here; the phases below only replay its replies
         with timed_phase(result, "compile"):
             candidate = self._candidate_program(spec, ref, device)
-            result.output_tail = candidate.output_tail()
+            result.output_tail = candidate.take_output_tail()
             self._stage("compile", lambda: candidate.call("start", "startup"))
             self._stage("compile", lambda: candidate.call("load_candidate", "import"))
         result.compiled = True
@@ -491,7 +491,7 @@ class ReplayedChild:
         kind = error.get("kind", "unknown")
         return ChildFailure("protocol", at_phase, f"the KCoral program failed at instruction {failed_at!r} ({kind}): {error.get('message', '')}", self._output())
 
-    def output_tail(self) -> dict[str, Any] | None:
+    def take_output_tail(self) -> dict[str, Any] | None:
         """What the program printed, kept as a local child's output is (``captured_output.record``)."""
         if self.outcome is None:
             return None

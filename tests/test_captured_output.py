@@ -99,3 +99,14 @@ def test_with_s_under_xdist_the_report_shows_it(make_case, run_kcoral):
     result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen", "-s", "-n", "2")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*- Captured stdout call -*", "loading the chatty kernel"])
+
+
+def test_a_process_kept_across_items_gives_each_item_its_own_output(make_case, run_kcoral, pytester):
+    # a passing candidate's process serves its next item of the case: each item holds what it printed
+    counting = "print('imported')\ndef run(a, b):\n    print('n =', a.numel())\n    return a + b\n"
+    make_case("cases/add", candidates={"counting": counting})
+    run_kcoral("--kcoral-mode", "correctness", "--kcoral-json", "out.json").assert_outcomes(passed=2)
+    items = {i["shape_id"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
+    assert items["n=256"]["extra"]["candidate_process"]["pid"] == items["n=257"]["extra"]["candidate_process"]["pid"]
+    assert items["n=256"]["output_tail"]["stdout"]["text"] == "imported\n" + "n = 256\n" * 3
+    assert items["n=257"]["output_tail"]["stdout"]["text"] == "n = 257\n" * 3
