@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pytest_kcoral.scoring import CandidateScore, KnownAnswers, LeaderboardEntry, SuiteScore
+from pytest_kcoral.scoring import CandidateScore, KnownAnswers, SuiteScore
 
 
 def fmt_speedup(value: float | None) -> str:
@@ -137,14 +137,15 @@ def _cut_middle(text: str, width: int) -> str:
     return text[: (kept + 1) // 2] + "..." + text[len(text) - kept // 2:]
 
 
-def leaderboard_name(entry: LeaderboardEntry) -> str:
-    """A team's name; for the bundled candidates (team None), their folder, as a pattern when they
-    lie in several (``cases/*/candidates/``, or ``cases/**`` at several depths)."""
-    if entry.team is not None:
-        return entry.team
-    if not entry.folder:
+def leaderboard_name(team: str | None, folder: str | None) -> str:
+    """A leaderboard entry's name: its team's; for the bundled candidates (team None), their
+    folder, as a pattern when they lie in several (``cases/*/candidates/``, or ``cases/**`` at
+    several depths)."""
+    if team is not None:
+        return team
+    if not folder:
         return "(bundled)"
-    return entry.folder if entry.folder.endswith("**") else f"{entry.folder}/"
+    return folder if folder.endswith("**") else f"{folder}/"
 
 
 def fmt_bandwidth(gbps: float | None) -> str:

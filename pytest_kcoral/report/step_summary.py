@@ -124,7 +124,8 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out += ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
         for e in scores.leaderboard:
             # a folder in code: its * would start emphasis
-            team = _cell(e.team) if e.team is not None else (f"`{_cell(leaderboard_name(e))}`" if e.folder else leaderboard_name(e))
+            name = _cell(leaderboard_name(e.team, e.folder))
+            team = f"`{name}`" if e.team is None and e.folder else name
             out.append(f"| {e.rank} | {team} | {fmt_speed_score(e.bench_lite_total, s.timed)} |"
                        f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
     if compare is not None:

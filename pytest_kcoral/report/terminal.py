@@ -103,7 +103,7 @@ def suite_lines(scores: Scores) -> list[str]:
         lines.append("leaderboard (best attempt per case):")
         for e in scores.leaderboard:
             lines.append(
-                f"  {e.rank:>2}. {shorten_middle(leaderboard_name(e), 30):<30} {fmt_speed_score(e.bench_lite_total, s.timed):>8}"
+                f"  {e.rank:>2}. {shorten_middle(leaderboard_name(e.team, e.folder), 30):<30} {fmt_speed_score(e.bench_lite_total, s.timed):>8}"
                 f"  correct {e.cases_correct}/{e.cases}  mean {fmt_speedup(e.mean_speedup)}")
     for w in scores.weak_cases:
         lines.append(f"WEAK case {w.case}: zeros or a constant match the reference on "
