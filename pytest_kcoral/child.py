@@ -71,6 +71,7 @@ def main(conn: Connection, stdout: Connection, stderr: Connection, role: str, wo
     if live_output:
         with contextlib.suppress(Exception):
             sys.stdout.reconfigure(line_buffering=True)
+    _std_streams[:] = [sys.stdout, sys.stderr]  # the harness's own: a candidate may replace sys.stdout
     os.chdir(workdir)
     os.environ.update(env)
     sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
@@ -95,9 +96,14 @@ def main(conn: Connection, stdout: Connection, stderr: Connection, role: str, wo
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+_std_streams: list[Any] = []  # stdout and stderr as the child started (``main``)
+
+
 def _flush_std_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a candidate may have closed or replaced them
+    """Flush the streams the child started with: never a flush() a candidate put in their place,
+    which would run its code after the command's audit."""
+    for stream in _std_streams:
+        with contextlib.suppress(Exception):  # a candidate may have closed them
             stream.flush()
 
 

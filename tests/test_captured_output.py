@@ -110,3 +110,14 @@ def test_a_process_kept_across_items_gives_each_item_its_own_output(make_case, r
     assert items["n=256"]["extra"]["candidate_process"]["pid"] == items["n=257"]["extra"]["candidate_process"]["pid"]
     assert items["n=256"]["output_tail"]["stdout"]["text"] == "imported\n" + "n = 256\n" * 3
     assert items["n=257"]["output_tail"]["stdout"]["text"] == "n = 257\n" * 3
+
+
+def test_the_harness_flushes_its_own_streams_never_a_candidates(make_case, run_kcoral):
+    # a flush() of the candidate's would run its code after each command's audit; this one hangs
+    hangs_on_flush = ("import sys, time\n"
+                      "class Stream:\n    def write(self, text):\n        return len(text)\n"
+                      "    def flush(self):\n        time.sleep(1000)\n"
+                      "sys.stdout = Stream()\n"
+                      "def run(a, b):\n    print('swallowed')\n    return a + b\n")
+    make_case("cases/add", candidates={"hangs_on_flush": hangs_on_flush})
+    run_kcoral("--kcoral-mode", "correctness", "-m", "seen", "--kcoral-timeout", "60").assert_outcomes(passed=1, deselected=1)
