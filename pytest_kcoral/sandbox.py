@@ -84,12 +84,14 @@ def find_bwrap() -> str:
 
 
 def _import_roots_under_tmp() -> list[Path]:
-    """Where Python imports from, when it lies under ``/tmp``: the sandbox mounts a fresh ``/tmp``,
-    which would hide a checkout there (pytest-kcoral itself, installed editable from a clone in
-    ``/tmp``, as CI does), so these are bound back read-only."""
+    """Where Python runs and imports from, when it lies under ``/tmp``: the sandbox mounts a fresh
+    ``/tmp``, which would hide a checkout there (pytest-kcoral itself, installed editable from a
+    clone in ``/tmp``) or a virtual environment, whose ``bin/python`` the template is started as
+    (CI makes its environments there), so these are bound back read-only."""
     import pytest_kcoral
 
     roots = [Path(p) for p in sys.path if p] + [Path(pytest_kcoral.__file__).resolve().parent.parent]
+    roots += [Path(sys.prefix), Path(sys.executable).parent, Path(sys.executable).resolve().parent]
     tmp = Path("/tmp")
     return [r for r in roots if r.exists() and (r.resolve() == tmp or tmp in r.resolve().parents)]
 

@@ -77,3 +77,23 @@ def test_broken_bwrap_is_a_clear_error(make_case, run_kcoral, monkeypatch, tmp_p
     result = run_kcoral("--kcoral-sandbox")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kcoral-sandbox: `bwrap` at * cannot create a sandbox here (exit 1: bwrap: No permissions to creating new namespace)*"])
+
+
+@needs_bwrap
+def test_a_virtual_environment_under_tmp_still_starts_the_sandbox(make_case, pytester, tmp_path):
+    # the sandbox mounts a fresh /tmp: a venv there (CI makes its own there) is bound back, bin/python included
+    import sys
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    assert str(venv).startswith("/tmp/")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site_packages = next(venv.glob("lib/python*/site-packages"))
+    # this run's packages (torch, pytest, pytest-kcoral) seen from the new venv
+    (site_packages / "outer.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    make_case("cases/add")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "cases",
+                           "--kcoral-sandbox", "--kcoral-mode", "correctness", "-m", "seen"],
+                          cwd=pytester.path, capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout
