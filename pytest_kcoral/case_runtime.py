@@ -117,14 +117,6 @@ class CaseRuntime:
         fn = self._baseline_fn or self._entry_points["reference"]
         return lambda: fn(*args)
 
-    def model_has_parameters(self, shape: dict[str, Any]) -> bool | None:
-        """Whether the KernelBench ``Model`` built for the shape holds parameters (None for the
-        other formats): only then can a candidate's weights differ from the reference's."""
-        if self.format != KERNELBENCH:
-            return None
-        parameters = getattr(self._model(self._entry_points["Model"], shape), "parameters", None)
-        return callable(parameters) and any(True for _ in parameters())
-
     def bind_model(self, model_class: Any, shape: dict[str, Any], args: tuple) -> Callable[[], Any]:
         """A KernelBench model built under the init seed, so reference and candidate weights match."""
         import torch
@@ -139,18 +131,33 @@ class CaseRuntime:
 
     def _model(self, model_class: Any, shape: dict[str, Any]) -> Any:
         """The model for the shape, built once under the init seed."""
-        import torch
-
         # the device is part of the key: compile builds the model before the lease names a GPU
         key = f"{model_class.__module__}.{model_class.__qualname__}:{sorted(shape.items())}:{self.device}"
         model = self._models.get(key)
         if model is None:
-            self.set_globals(shape)
-            init_inputs = self._entry_points["get_init_inputs"]()
-            torch.manual_seed(self.init_seed)
-            model = model_class(*init_inputs).to(self.device)
-            self._models[key] = model
+            model = self._models[key] = self._build_model(model_class, shape)
         return model
+
+    def _build_model(self, model_class: Any, shape: dict[str, Any]) -> Any:
+        import torch
+
+        self.set_globals(shape)
+        init_inputs = self._entry_points["get_init_inputs"]()
+        torch.manual_seed(self.init_seed)
+        return model_class(*init_inputs).to(self.device)
+
+    def parameters_differ(self, model_class: Any, shape: dict[str, Any]) -> bool | None:
+        """Whether ``model_class``'s model (a KernelBench ``ModelNew``) lacks some parameter or
+        buffer that ``Model`` gets under the same seed: equal shape, dtype and values. None when
+        it holds no ``state_dict``. ``Model`` is built here and let go, never kept."""
+        import torch
+
+        candidate = getattr(self._model(model_class, shape), "state_dict", None)
+        if not callable(candidate):
+            return None
+        theirs = [t for t in candidate().values() if isinstance(t, torch.Tensor)]
+        ours = [t for t in self._build_model(self._entry_points["Model"], shape).state_dict().values() if isinstance(t, torch.Tensor)]
+        return not all(any(t.shape == c.shape and t.dtype == c.dtype and torch.equal(t, c) for c in theirs) for t in ours)
 
 
 def _baseline_from_file(path: Path) -> Callable[..., Any]:
@@ -181,6 +188,7 @@ class BaselineRuntime:
     the case's, not as the candidate's compile."""
 
     entry = "baseline"
+    parameters_differ = None  # see ``CandidateRuntime``
 
     def __init__(self, case: CaseRuntime) -> None:
         self.case = case
@@ -196,6 +204,9 @@ class CandidateRuntime:
         self.path = Path(path)
         self.case = case
         self.module = _import_candidate(self.path)
+        # KernelBench: whether ModelNew's weights differ from Model's (``CaseRuntime.parameters_differ``),
+        # for the correctness stage's hint
+        self.parameters_differ: bool | None = None
         if case.format == KERNELBENCH:
             model_class = getattr(self.module, "ModelNew", None)
             if model_class is None:
@@ -203,6 +214,9 @@ class CandidateRuntime:
             self.entry = "ModelNew"
             self._model_class = model_class
             self.build_for(shape)
+            # at the first load, on the CPU and before the lease; a kept child keeps the answer
+            # for the candidate's later shapes (an order of creation does not change with them)
+            self.parameters_differ = case.parameters_differ(model_class, shape)
         elif case.format == GPUMODE and callable(getattr(self.module, "custom_kernel", None)):
             self.entry = "custom_kernel"  # a GPU MODE problem's candidates are submissions
         elif callable(getattr(self.module, "prepare", None)):

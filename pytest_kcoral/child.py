@@ -57,15 +57,21 @@ class Unpredictable:
 _rng = Unpredictable()
 
 
-def main(conn: Connection, output: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any]) -> None:
-    """Entry point of a child (a multiprocessing target started from the template process)."""
+def main(conn: Connection, stdout: Connection, stderr: Connection, role: str, workdir: str, env: dict[str, str], case_spec: dict[str, Any],
+         live_output: bool = False) -> None:
+    """Entry point of a child (a multiprocessing target started from the template process).
+    ``live_output``: stdout flushed at every line, for ``-s``."""
     os.setsid()  # own process group: the parent kills the child and whatever it started at once
     leftovers.die_with_parent()  # the template dies with the pytest process, and the child with it
     # detached grandchildren (setsid + double fork) come back to this process, where they are found
     leftovers.become_subreaper()
-    for fd in (1, 2):
-        os.dup2(output.fileno(), fd)
-    output.close()
+    for fd, pipe in ((1, stdout), (2, stderr)):
+        os.dup2(pipe.fileno(), fd)
+        pipe.close()
+    if live_output:
+        with contextlib.suppress(Exception):
+            sys.stdout.reconfigure(line_buffering=True)
+    _std_streams[:] = [sys.stdout, sys.stderr]  # the harness's own: a candidate may replace sys.stdout
     os.chdir(workdir)
     os.environ.update(env)
     sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
@@ -89,6 +95,17 @@ def main(conn: Connection, output: Connection, role: str, workdir: str, env: dic
 
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+_std_streams: list[Any] = []  # stdout and stderr as the child started (``main``)
+
+
+def _flush_std_streams() -> None:
+    """Flush the streams the child started with: never a flush() a candidate put in their place,
+    which would run its code after the command's audit."""
+    for stream in _std_streams:
+        with contextlib.suppress(Exception):  # a candidate may have closed them
+            stream.flush()
 
 
 def _compile_without_shared_caches(workdir: str) -> None:
@@ -219,6 +236,7 @@ class _Runner:
                 reply, reply_payload = self.handle(header, payload)
             finally:
                 faulthandler.cancel_dump_traceback_later()
+            _flush_std_streams()  # what the command printed is in the pipes before its reply
             protocol.send(conn, dict(reply, **echo), reply_payload)
 
     def handle(self, header: dict[str, Any], payload: Any) -> tuple[dict[str, Any], Any]:
@@ -309,8 +327,7 @@ class _Runner:
         # in every trial, once one trial wrote it
         written_inputs = header["written_inputs"] if "written_inputs" in header else sorted(written)
         reply = {"baseline_problems": baseline_problems, "baseline_raised": baseline_raised, "weak": weak, "structure": structure,
-                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases),
-                 "model_has_parameters": self.case.model_has_parameters(shape)}
+                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases)}
         return reply, {"inputs": inputs, "reference": refs,
                        "written": [tuple(after[j] for j in written_inputs) for after in after_calls]}
 
@@ -435,7 +452,8 @@ class _Runner:
             # which outputs are inputs: a GPU MODE kernel may write the output buffer its data carries
             # (only for plain dense outputs: a sparse one, say, has no storage to compare)
             aliases.append([list(pair) for pair in sorted(_aliases(out_tuple, args))] if not problems else [])
-        return ({"findings": findings, "inputs_changed": inputs_changed, "structures": structures, "output_aliases": aliases},
+        return ({"findings": findings, "inputs_changed": inputs_changed, "structures": structures, "output_aliases": aliases,
+                 "parameters_differ": self.candidate.parameters_differ},
                 {"outputs": outputs, "written": written})
 
     def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:

@@ -12,6 +12,7 @@ early exit, a timeout or garbage on the wire becomes a ``ChildFailure`` naming t
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -19,10 +20,13 @@ import multiprocessing.util
 import os
 import re
 import secrets
+import selectors
 import shutil
 import signal
+import struct
 import sysconfig
 import tempfile
+import termios
 import threading
 import time
 from multiprocessing import context as mp_context
@@ -30,7 +34,7 @@ from multiprocessing import popen_forkserver, spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_kcoral import child, lease, leftovers, protocol
+from pytest_kcoral import captured_output, child, lease, leftovers, protocol
 
 # Imported once by the template so children start warm. Missing ones are skipped by forkserver.
 TEMPLATE_PRELOAD = ["pytest_kcoral.template", "torch", "triton", "triton.language", "pytest_kcoral.child", "pytest_kcoral.case_runtime", "pytest_kcoral.timing",
@@ -222,11 +226,14 @@ _NOT_THEIRS = (os.path.dirname(os.path.abspath(__file__)), *(sysconfig.get_paths
                "<")  # "<frozen ...>", and the template's "<string>"
 
 
+_STACK_DUMP_START = "Timeout ("  # faulthandler's first line
+
+
 def stack_at_timeout(output: str) -> tuple[str, str]:
     """Where a timed-out child was, from the stacks ``faulthandler`` printed just before the
     deadline: `` at FILE:LINE in FUNC`` for the innermost frame of the candidate's or the case's
     code (empty when there is none), and the output with the dump cut down to those frames."""
-    start = output.rfind("Timeout (")
+    start = output.rfind(_STACK_DUMP_START)
     if start < 0:
         return "", output
     frames = [m for m in (_DUMP_FRAME.match(line) for line in output[start:].splitlines()) if m]
@@ -252,31 +259,83 @@ class ChildFailure(Exception):
         self.error = error or {}
 
 
-class _OutputDrain(threading.Thread):
-    """Reads a child's stdout/stderr to EOF, keeping the first and last few kilobytes."""
+def _pending_bytes(fd: int) -> int:
+    """Bytes waiting in the pipe ``fd`` reads from."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
 
-    def __init__(self, fd: int) -> None:
-        super().__init__(daemon=True, name=f"kcoral-drain-{fd}")
-        self.fd = fd
+
+class _OutputDrain(threading.Thread):
+    """Reads a child's stdout and stderr to EOF: both together in arrival order, keeping the first
+    and last few kilobytes (what a crash report shows), and each stream's last lines on its own
+    (``captured_output.StreamTail``: the report's captured sections). With ``live_label`` (``-s``)
+    it also writes each stream to this process's as it comes, up to a limit."""
+
+    def __init__(self, fds: dict[str, int], live_label: str | None = None) -> None:
+        super().__init__(daemon=True, name=f"kcoral-drain-{fds['stdout']}")
+        self.fds = fds
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
+        self.live_label = live_label
+        # held while a chunk is read and kept: ``settle`` then sees a chunk either in the pipe or kept
+        self._lock = threading.Lock()
+        self._closed = False  # the pipes are closed: everything was read
+        self.streams: dict[str, captured_output.StreamTail] = {}
+        self.live: dict[str, captured_output.LiveWriter] = {}
+        self.restart()
+
+    def restart(self) -> dict[str, captured_output.StreamTail]:
+        """Each stream's tail so far; from now on, fresh ones (a kept child's next item)."""
+        with self._lock:
+            taken = self.streams
+            self.streams = {name: captured_output.StreamTail() for name in self.fds}
+            self.live = {name: captured_output.LiveWriter(name, self.live_label) for name in self.fds} if self.live_label else {}
+        return taken
+
+    def settle(self, timeout_s: float = 1.0) -> None:
+        """Wait, for at most ``timeout_s``, until what the child has written so far is read."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._closed or not any(_pending_bytes(fd) for fd in self.fds.values()):
+                    return
+            time.sleep(0.002)
 
     def run(self) -> None:
-        try:
-            while chunk := os.read(self.fd, 65536):
-                self.total += len(chunk)
-                if len(self.head) < _OUTPUT_HEAD_BYTES:
-                    take = _OUTPUT_HEAD_BYTES - len(self.head)
-                    self.head += chunk[:take]
-                    chunk = chunk[take:]
-                self.tail += chunk
-                if len(self.tail) > 2 * _OUTPUT_TAIL_BYTES:
-                    del self.tail[: len(self.tail) - _OUTPUT_TAIL_BYTES]
-        except OSError:
-            pass
-        finally:
-            os.close(self.fd)
+        names = {fd: name for name, fd in self.fds.items()}
+        with selectors.DefaultSelector() as selector:
+            for fd in names:
+                selector.register(fd, selectors.EVENT_READ)
+            try:
+                while names:
+                    for key, _ in selector.select():
+                        with self._lock:  # a ready pipe: the read does not block
+                            chunk = os.read(key.fd, 65536)
+                            if chunk:
+                                self._take(names[key.fd], chunk)
+                        if not chunk:
+                            selector.unregister(key.fd)
+                            del names[key.fd]
+            except OSError:
+                pass
+            finally:
+                with self._lock:
+                    for fd in self.fds.values():
+                        os.close(fd)
+                    self._closed = True
+
+    def _take(self, stream: str, chunk: bytes) -> None:
+        self.streams[stream].feed(chunk)
+        if stream in self.live:
+            self.live[stream].write(chunk)
+        self.total += len(chunk)
+        if len(self.head) < _OUTPUT_HEAD_BYTES:
+            take = _OUTPUT_HEAD_BYTES - len(self.head)
+            self.head += chunk[:take]
+            chunk = chunk[take:]
+        self.tail += chunk
+        if len(self.tail) > 2 * _OUTPUT_TAIL_BYTES:
+            del self.tail[: len(self.tail) - _OUTPUT_TAIL_BYTES]
 
     def text(self) -> str:
         tail = bytes(self.tail[-_OUTPUT_TAIL_BYTES:])
@@ -288,7 +347,10 @@ class _OutputDrain(threading.Thread):
 class Child:
     """The parent's handle on one child process."""
 
-    def __init__(self, role: str, case_spec: dict[str, Any], env: dict[str, str], deadline: float, label: str = "", sandbox: Any = None) -> None:
+    def __init__(self, role: str, case_spec: dict[str, Any], env: dict[str, str], deadline: float, label: str = "", sandbox: Any = None,
+                 live_output: bool = False) -> None:
+        """``live_output``: write what the child prints to this process's stdout and stderr as
+        it comes (``-s``), besides keeping its tail."""
         global _template_pid
         self.role = role
         self.label = label or role
@@ -298,11 +360,12 @@ class Child:
         self.workdir = tempfile.mkdtemp(prefix=f"kcoral-{role}-", dir=getattr(sandbox, "workspace", None))
         ensure_template(env, sandbox)
         self.conn, child_conn = multiprocessing.Pipe(duplex=True)
-        out_r, out_w = os.pipe()
-        out_w_conn = Connection(out_w, readable=False)
+        # two pipes, so the report can say which stream a line came from
+        pipes = {name: os.pipe() for name in captured_output.STREAMS}
+        write_ends = [Connection(w, readable=False) for _, w in pipes.values()]
         self.process = _TemplateProcess(
             target=child.main,
-            args=(child_conn, out_w_conn, role, self.workdir, env, case_spec),
+            args=(child_conn, *write_ends, role, self.workdir, env, case_spec, live_output),
             name=f"kcoral-{self.label}",
             daemon=True,
         )
@@ -312,16 +375,18 @@ class Child:
         self.last_call_s = 0.0  # the parent's own clock around the last command
         self.paused = False
         self.items_served = 0  # items this child ran a candidate for (``kept_children``)
+        self.timed_out = False
         try:
             self.process.start()
         finally:
             child_conn.close()
-            out_w_conn.close()
+            for conn in write_ends:
+                conn.close()
         if self.process.pid is not None:
             _live_pids.add(self.process.pid)
             if _template_pid is None:
                 _template_pid = leftovers.parent_of(self.process.pid)
-        self.drain = _OutputDrain(out_r)
+        self.drain = _OutputDrain({name: r for name, (r, _) in pipes.items()}, f"{role} {self.label}" if live_output else None)
         self.drain.start()
         self._closed = False
         try:
@@ -357,6 +422,7 @@ class Child:
         ready = multiprocessing.connection.wait([self.conn, self.process.sentinel], max(0.0, remaining)) if remaining > 0 else []
         if not ready:
             self.kill()
+            self.timed_out = True
             where, output = stack_at_timeout(self.output())
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' (item timeout reached){where}", output)
         if self.conn not in ready and not self.conn.poll(0):
@@ -366,6 +432,7 @@ class Child:
                                             max_payload_bytes=reply_limit_bytes)
         except TimeoutError:  # a message begun and never finished counts as a hang
             self.kill()
+            self.timed_out = True
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' in the middle of a reply (item timeout reached)", self.output()) from None
         except (EOFError, ConnectionResetError, OSError):
             self._raise_died()
@@ -439,6 +506,17 @@ class Child:
     def output(self) -> str:
         self.drain.join(0.5)  # let the drain catch up with what the child wrote before dying
         return self.drain.text()
+
+    def take_output_tail(self) -> dict[str, Any] | None:
+        """The last lines of each stream since the last call (``captured_output.record``): what
+        the child printed during one item, when it serves several. The child flushes its streams
+        before every reply, so once a reply came back, what it printed before is here. After a
+        timeout, without the stacks the child printed just before it (the message has them)."""
+        self.drain.settle()
+        tail = captured_output.record(self.drain.restart())
+        if tail is not None and self.timed_out:
+            tail = captured_output.cut_from(tail, "stderr", _STACK_DUMP_START)
+        return tail
 
     def kill(self) -> None:
         pid = self.process.pid

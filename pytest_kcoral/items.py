@@ -5,10 +5,12 @@ session's executor."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pytest
 
+from pytest_kcoral import captured_output
 from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
 from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case, load_problem_file
 from pytest_kcoral.pipeline import ItemSpec
@@ -65,10 +67,21 @@ def _case_items(collector: pytest.Collector, load: Callable[[], Case]) -> tuple[
     # shape by shape: a shape's items sit next to each other, so xdist, which hands out
     # consecutive items in chunks, tends to give them to one worker, and that worker's
     # reference data for the shape (computed under the lease) serves all of them
-    items = [KernelItem.from_parent(collector, name=f"{candidate.name}[{shape.split}-{shape.shape_id}]", case=case, candidate=candidate,
-                                    shape=shape)
-             for shape in case.shapes for candidate in candidates]
+    names = [(f"{candidate.name}[{shape.split}-{shape.shape_id}]", candidate, shape) for shape in case.shapes for candidate in candidates]
+    items = [KernelItem.from_parent(collector, name=name, nodeid=item_nodeid(collector.nodeid, name), case=case, candidate=candidate, shape=shape)
+             for name, candidate, shape in names]
     return case, items
+
+
+def item_nodeid(parent_nodeid: str, name: str) -> str:
+    """An item's node id, given as a string so that pytest parses it as it parses the ids it saved.
+
+    pytest 9.2 compares structured ids (``_pytest.nodeid.NodeId``: path, names, params). Left to
+    itself it would build ``add::good[seen-n=4]`` as the name ``good[seen-n=4]`` with no params,
+    while ``--lf``, ``--ff``, ``--nf`` and ``--sw`` parse the saved string into the name ``good``
+    and the params ``seen-n=4``: the two never compare equal, and ``--lf`` reran every item.
+    A string parses the same way on both sides; older pytest keeps strings as they are."""
+    return f"{parent_nodeid}::{name}"
 
 
 def _no_candidates(case: Case) -> str:
@@ -133,10 +146,15 @@ class KernelItem(pytest.Item):
             self.add_marker(pytest.mark.xfail(reason=KNOWN_WRONG_REASON, raises=CandidateFailure, strict=False))
 
     def runtest(self) -> None:
-        from pytest_kcoral.plugin import get_executor
+        from pytest_kcoral.plugin import get_executor, settings_key
 
         result = get_executor(self.config).run(ItemSpec(self.nodeid, self.case, self.candidate, self.shape))
         self.stash[result_key] = result
+        result.candidate_file = _relative_to(self.candidate.path, self.config.rootpath)
+        settings = self.config.stash[settings_key]
+        if not settings.live_output or settings.url:  # with -s a local run has shown it already
+            for stream, text in captured_output.sections(result.output_tail):
+                self.add_report_section("call", stream, text)  # pytest's "Captured stdout call"
         for name, value in junit_properties(result):
             self.user_properties.append((name, value))
         if result.outcome == "skipped":
@@ -162,6 +180,14 @@ class KernelItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.candidate.path, None, f"{self.case.case_id}::{self.name}"
+
+
+def _relative_to(path: Path, root: Path) -> str:
+    """``path`` as a POSIX string, relative to ``root`` when it lies inside it."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.resolve().as_posix()
 
 
 def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:

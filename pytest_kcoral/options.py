@@ -152,6 +152,8 @@ class Settings:
     precision: float | None = DEFAULT_PRECISION
     html_path: Path | None = None  # --kcoral-html: the report page (report/html.py)
     confinement: str = "auto"  # --kcoral-confinement: see confine.py
+    # -s / --capture=no, not on an xdist worker: a candidate's output goes to the terminal as it comes (``captured_output``)
+    live_output: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config, seed: int | None = None) -> Settings:
@@ -168,6 +170,10 @@ class Settings:
             # nothing is timed, so the gate could never fail an item: a run that looks gated and is not
             raise pytest.UsageError(f"--kcoral-min-speedup {min_speedup:g} needs timing, and --kcoral-mode correctness times nothing;"
                                     " drop one of them")
+        if opt("kcoral_compare") and opt("kcoral_mode") == "correctness":
+            # a comparison of speedups with nothing timed would pass every candidate, saying nothing
+            raise pytest.UsageError(f"--kcoral-compare {opt('kcoral_compare')} compares speedups, and --kcoral-mode correctness"
+                                    " times nothing; drop one of them")
         given_seed = opt("kcoral_seed")
         if seed is None:
             seed = given_seed if given_seed is not None else secrets.randbits(63)
@@ -227,4 +233,6 @@ class Settings:
             precision=precision,
             html_path=Path(html_path) if html_path else None,
             confinement=opt("kcoral_confinement"),
+            # an xdist worker's own output reaches no terminal: there the report's sections show it
+            live_output=opt("capture", None) == "no" and not hasattr(config, "workerinput"),
         )

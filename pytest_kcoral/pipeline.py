@@ -157,8 +157,6 @@ class ReferenceData:
     # (output, input) pairs where the reference returns one of its inputs (``return a.add_(b)``):
     # a candidate's output may share memory with that input too
     output_aliases: tuple[tuple[int, int], ...] = ()
-    # a KernelBench Model holds parameters (its weights come from the init seed); None: another format
-    model_has_parameters: bool | None = None
     seeds: list[int] = field(default_factory=list)  # each trial's: a case's checker makes its inputs again
 
     def record_into(self, result: ItemResult) -> None:
@@ -313,6 +311,7 @@ class LocalExecutor:
             try:
                 with timed_phase(result, "compile"):
                     candidate = self._candidate_child(spec, stack, deadline, reuse=True)
+                stack.callback(_keep_output, candidate, result)
                 # before any candidate code of the item runs (see ``_baseline_child``); starting it
                 # is the case's work, not the item's: the item's deadline moves by what it took
                 baseline_started = time.monotonic()
@@ -378,7 +377,8 @@ class LocalExecutor:
         if child is None:
             self._require_case_as_collected(spec.case, "compile", "startup")
             try:
-                child = Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox)
+                child = Child("candidate", self._case_spec(spec.case), self._child_env(), deadline, spec.candidate.name, self.sandbox,
+                              live_output=self.settings.live_output)
             except ChildFailure as failure:
                 self._skip_if_case_needs_cuda(failure)
                 raise StageFailed("compile", CASE_FAILED_PREFIX + _describe_child_failure("compile", failure), failure.phase,
@@ -559,7 +559,6 @@ class LocalExecutor:
             written_inputs=tuple(header.get("written_inputs") or ()),
             written=payload.get("written") or [],
             output_aliases=tuple((int(i), int(j)) for i, j in header.get("output_aliases") or ()),
-            model_has_parameters=header.get("model_has_parameters"),
             seeds=seeds,
         )
         if not data.written_inputs and all(v is None for ref in data.reference for v in ref):
@@ -662,9 +661,9 @@ class LocalExecutor:
                 trial += judged[t] if judged is not None else _compare_trial(ref, t, outputs[t], written[t], tol)
             trial += correctness.describe_changed_inputs(changed[t], _may_write(spec.case, header, t))
             problems += [f"trial {t + 1} of {len(ref.inputs)}: {p}" for p in trial]
-        if spec.case.format == KERNELBENCH and ref.model_has_parameters and _mostly_wrong(problems, len(ref.inputs)):
-            # the usual cause: ModelNew draws its parameters in another order than Model (a Model
-            # without parameters has no weights to get wrong: the hint would mislead there)
+        if spec.case.format == KERNELBENCH and header.get("parameters_differ") is True and _mostly_wrong(problems, len(ref.inputs)):
+            # ModelNew's child found its weights differ from Model's: it draws them in another
+            # order or shape (where they match, the kernel itself is wrong, and the hint would mislead)
             problems.append("hint: most elements differ in every trial: ModelNew's parameters are made under the same seed"
                             " as Model's, so they match only when ModelNew creates the same parameters, in the same order and shapes")
         # what explains wrong values goes first; after a wrong kind of output (an int where the
@@ -1108,6 +1107,12 @@ def _well_formed_structures(structures: Any, outputs: list[Any], trials: int) ->
         if leaves is None or (values is not None and (not isinstance(values, (list, tuple)) or leaves != len(values))):
             return False
     return True
+
+
+def _keep_output(candidate: Child, result: ItemResult) -> None:
+    """What the candidate's process printed during the item, into the item (the process may
+    serve the candidate's next item too)."""
+    result.output_tail = candidate.take_output_tail()
 
 
 def _one_screen(lines: list[str], limit: int = 12) -> str:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pytest_kcoral import protocol
+from pytest_kcoral import captured_output, protocol
 from pytest_kcoral.cases import Case
 from pytest_kcoral.isolation import ChildFailure
 from pytest_kcoral.options import Settings
@@ -156,6 +156,7 @@ class RemoteExecutor(LocalExecutor):
         # the candidate's whole program runs here; the phases below only replay its replies
         with timed_phase(result, "compile"):
             candidate = self._candidate_program(spec, ref, device)
+            result.output_tail = candidate.take_output_tail()
             self._stage("compile", lambda: candidate.call("start", "startup"))
             self._stage("compile", lambda: candidate.call("load_candidate", "import"))
         result.compiled = True
@@ -489,6 +490,15 @@ class ReplayedChild:
                                                    "the server does not report the exit status)", self._output())
         kind = error.get("kind", "unknown")
         return ChildFailure("protocol", at_phase, f"the KCoral program failed at instruction {failed_at!r} ({kind}): {error.get('message', '')}", self._output())
+
+    def take_output_tail(self) -> dict[str, Any] | None:
+        """What the program printed, kept as a local child's output is (``captured_output.record``)."""
+        if self.outcome is None:
+            return None
+        tails = {name: captured_output.StreamTail() for name in captured_output.STREAMS}
+        for name, tail in tails.items():
+            tail.feed((getattr(self.outcome, name, None) or "").encode())
+        return captured_output.record(tails)
 
     def _output(self) -> str:
         if self.outcome is None:

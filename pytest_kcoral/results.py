@@ -76,6 +76,8 @@ class ItemResult:
     attempt: str | None = None  # submissions with several attempts
     # a known answer: "fail" for a candidate under wrong/, "pass" under correct/, else None
     expected: str | None = None
+    # the candidate's file, relative to the rootdir when it lies inside it (``items.KernelItem``)
+    candidate_file: str | None = None
 
     # How far it got: the stage that failed, or "done".
     stage: str = "compile"
@@ -84,6 +86,8 @@ class ItemResult:
     correct: bool | None = None  # None: correctness not reached
     baseline_correct: bool | None = None  # the baseline checked against the reference on this shape
     message: str | None = None  # one screen saying why it failed or was skipped
+    # the last lines the candidate's process printed, per stream (``captured_output.record``); None: nothing
+    output_tail: dict[str, Any] | None = None
     phase: str | None = None  # phase inside the stage where a process died or timed out
     # the case itself failed here (its import, inputs, reference or baseline), not the candidate; the item
     # still fails: a candidate able to break its case must not escape a grade by doing so

@@ -19,6 +19,7 @@ Rules that hold everywhere:
 from __future__ import annotations
 
 import math
+import posixpath
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
@@ -134,6 +135,7 @@ class CandidateScore:
     # (``speed_of_light.largest_shape``)
     speed_of_light: dict[str, Any] | None = None
     expected: str | None = None  # a known answer: "fail" (wrong/), "pass" (correct/), or None
+    folder: str | None = None  # the folder of the candidate's file (``ItemResult.candidate_file``)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -218,6 +220,8 @@ class LeaderboardEntry:
     cases_correct: int
     mean_speedup: float | None  # over the counted correct attempts with a scored speedup
     best: dict[str, str]  # case -> candidate counted
+    # the folder of the counted candidates' files, ``*`` where they differ (``folder_pattern``)
+    folder: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -404,6 +408,7 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
         noisy_unseen=sum(1 for it in unseen_timed if it.noisy),
         speed_of_light=largest_shape(items),
         expected=first.expected,
+        folder=posixpath.dirname(first.candidate_file) if first.candidate_file else None,
     )
 
 
@@ -530,6 +535,7 @@ def leaderboard(candidates: Sequence[CandidateScore]) -> list[LeaderboardEntry]:
             cases_correct=sum(1 for c in counted if c.correct_seen),
             mean_speedup=mean(speedups),
             best={case: c.candidate for case, c in sorted(per_case.items())},
+            folder=folder_pattern([c.folder for c in counted]),
         ))
 
     def order(e: LeaderboardEntry) -> tuple:
@@ -539,6 +545,19 @@ def leaderboard(candidates: Sequence[CandidateScore]) -> list[LeaderboardEntry]:
     for i, e in enumerate(entries):
         e.rank = entries[i - 1].rank if i and order(entries[i - 1]) == order(e) else i + 1
     return entries
+
+
+def folder_pattern(folders: Sequence[str | None]) -> str | None:
+    """One name for several folders: ``cases/*/candidates`` for ``cases/add/candidates`` and
+    ``cases/mul/candidates``; their common part and ``**`` when their depths differ. None when
+    some folder is not known."""
+    if not folders or any(f is None for f in folders):
+        return None
+    parts = [f.split("/") for f in sorted(set(folders))]  # type: ignore[union-attr]
+    if len({len(p) for p in parts}) == 1:
+        return "/".join(names[0] if len(set(names)) == 1 else "*" for names in zip(*parts))
+    common = posixpath.commonpath(sorted(set(folders)))  # type: ignore[arg-type]
+    return posixpath.join(common, "**") if common else "**"
 
 
 def weak_cases(items: Iterable[ItemResult]) -> list[WeakCase]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -31,6 +32,18 @@ def reference(a, b):
 """
 
 TORCH_ADD = "def run(a, b):\n    return a + b\n"
+
+
+@pytest.fixture(autouse=True)
+def a_session_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test sees the environment of a plain session, also when this run is an xdist worker.
+
+    xdist sets ``PYTEST_XDIST_WORKER`` and friends in its workers, and a pytester run or a pytest
+    subprocess inherits them: a test of ``--lf`` or ``-x`` would then check a different session
+    under ``-n 2`` (the README's command) than when run alone."""
+    for name in list(os.environ):
+        if name.startswith("PYTEST_XDIST_"):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture

@@ -229,6 +229,20 @@ def test_remote_wrong_candidate_fails_correctness_with_the_local_message(make_ca
     assert remote_item["message"] == local_item["message"]
 
 
+def test_remote_output_is_captured_as_locally(make_case, run_kcoral, pytester, kcoral_url):
+    chatty = "import sys\ndef run(a, b):\n    print('from the candidate', a.numel())\n    print('to stderr', file=sys.stderr)\n    return a - b\n"
+    make_case("cases/add", candidates={"chatty": chatty})
+    common = ("-m", "seen", "--kcoral-mode", "correctness", "--kcoral-trials", "1")
+    run_kcoral(*common, "--kcoral-json", "local.json").assert_outcomes(failed=1, deselected=1)
+    remote = run_kcoral(*common, "--kcoral-url", kcoral_url, "--kcoral-json", "remote.json")
+    remote.assert_outcomes(failed=1, deselected=1)
+    remote.stdout.fnmatch_lines(["*- Captured stdout call -*", "from the candidate 256", "*- Captured stderr call -*", "to stderr"])
+    (local_item,) = _items(pytester.path / "local.json").values()
+    (remote_item,) = _items(pytester.path / "remote.json").values()
+    assert remote_item["output_tail"] == local_item["output_tail"]
+    assert local_item["output_tail"]["stdout"]["text"] == "from the candidate 256\n"
+
+
 def test_remote_compile_error_fails_compile(make_case, run_kcoral, kcoral_url):
     make_case("cases/add", candidates={"broken": BROKEN})
     result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness")

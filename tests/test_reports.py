@@ -15,7 +15,7 @@ from _pytest.pytester import LineMatcher
 
 from pytest_kcoral import scoring
 from pytest_kcoral.options import Settings
-from pytest_kcoral.report import compare, json_artifact, step_summary, terminal
+from pytest_kcoral.report import compare, json_artifact, shorten_middle, step_summary, terminal
 from pytest_kcoral.results import ItemResult
 
 TOP_LEVEL_KEYS = {
@@ -400,7 +400,9 @@ def test_terminal_lines():
         "cases/softmax::naive * yes  yes   3.00x      -       -     -  420.0   80.0",
         "cases/vector_add::triton_v1 * yes  yes   1.50x    1/1   1.20x   20%  270.0   65.0",
         "cases/vector_add::triton_v2 * yes   no   0.50x    0/1       -     -   20.0    0.0",
-        "pairs 3  compiled 100%  correct 67%",
+        *terminal.LEGEND,
+        "",
+        "pairs 3  compiled 100%  correct on every seen shape 67%",
         "fast_0 67% fast_1 67% fast_1.5 33% fast_2 33%",
         "speedup mean 2.25x  geomean 2.12x  mean gap 20%",
         "unseen P(candidate ok | baseline ok) 50%: both pass 1, regressed 1, both fail 0, improved 0",
@@ -410,6 +412,56 @@ def test_terminal_lines():
         "WEAK case cases/softmax: zeros or a constant match the reference on n=4096",
         "seed 99",
     ])
+
+
+def test_the_legend_under_the_table_explains_every_column():
+    lines = terminal.summary_lines(scoring.score(fixed_items()))
+    table_end = lines.index("cases/vector_add::triton_v2" + lines[3][len("cases/vector_add::triton_v2"):])
+    legend = lines[table_end + 1: table_end + 1 + len(terminal.LEGEND)]
+    assert legend == list(terminal.LEGEND) and max(len(line) for line in legend) <= 100
+    text = " ".join(legend)
+    for header, _ in terminal.COLUMNS:
+        assert f"{header}:" in text or f"{header}," in text, f"the legend does not explain {header!r}"
+    assert "above 0 is bad" in text  # which sign of the gap is bad
+    assert any(line.startswith("pairs 3  compiled 100%  correct on every seen shape 67%") for line in lines)
+    assert not any(line in terminal.LEGEND for line in terminal.summary_lines(scoring.score([])))  # no table, no legend
+
+
+@pytest.mark.parametrize(("name", "width", "shortened"), [
+    ("cases/add::good", 40, "cases/add::good"),
+    # the case gives way first: the candidate tells a case's rows apart
+    ("kernelbench/level1/19_ReLU_with_a_long_name::team-a/attempt3", 40, "kernelbenc..._long_name::team-a/attempt3"),
+    # a candidate too long to keep whole: both ends of the whole name
+    ("cases/add::a_candidate_name_far_longer_than_the_column_holds", 40, "cases/add::a_candid...n_the_column_holds"),
+    ("subs/a-team-with-a-very-long-name-indeed", 30, "subs/a-team-wi...g-name-indeed"),
+])
+def test_long_names_are_shortened_in_the_middle(name, width, shortened):
+    assert shorten_middle(name, width) == shortened
+    assert len(shorten_middle(name, width)) == min(len(name), width)
+
+
+def test_the_table_keeps_a_long_cases_candidate_whole():
+    long_case = "kernelbench/level1/19_ReLU_with_a_long_problem_name"
+    lines = terminal.table_lines(scoring.score([item(case=long_case, candidate="team-a/attempt3")]))
+    assert lines[1].startswith("kernelbenc...oblem_name::team-a/attempt3 ")
+
+
+def test_the_leaderboard_names_the_bundled_candidates_folder():
+    def at(case: str, folder: str) -> ItemResult:
+        it = item(case=case, speedup=1.0)
+        it.candidate_file = f"{folder}/triton_v1.py"
+        return it
+
+    one = scoring.score([at("cases/add", "cases/add/candidates")])
+    assert one.leaderboard[0].folder == "cases/add/candidates"
+    LineMatcher(terminal.summary_lines(one)).fnmatch_lines(["   1. cases/add/candidates/ * correct 1/1  mean 1.00x"])
+    two = scoring.score([at("cases/add", "cases/add/candidates"), at("cases/mul", "cases/mul/candidates")])
+    LineMatcher(terminal.summary_lines(two)).fnmatch_lines(["   1. cases/[*]/candidates/ * correct 2/2  mean 1.00x"])
+    assert "| 1 | `cases/*/candidates/` |" in step_summary.render_markdown(two)
+    assert scoring.folder_pattern(["cases/add/candidates", "cases/bench_add"]) == "cases/**"
+    mixed = scoring.score([at("cases/add", "cases/add/candidates"), at("cases/relu", "cases/relu")])
+    LineMatcher(terminal.summary_lines(mixed)).fnmatch_lines(["   1. cases/[*][*] * correct 2/2  mean 1.00x"])
+    assert scoring.folder_pattern(["cases/add/candidates", None]) is None  # from a saved run without the field
 
 
 NO_CUPTI = "cupti-python is not usable (ModuleNotFoundError: No module named 'cupti'); install it with `pip install pytest-kcoral[gpu]`"
@@ -762,3 +814,18 @@ def test_a_run_without_seen_shapes_says_its_pairs_were_not_judged():
     assert note in terminal.summary_lines(scores)
     assert f"- **{note}**" in step_summary.render_markdown(scores).splitlines()
     assert not any("NO SEEN SHAPE" in line for line in terminal.summary_lines(scoring.score(fixed_items())))
+
+
+def test_a_real_cpu_run_names_the_candidates_folder_and_marks_nothing_host_set(make_case, run_kcoral, pytester):
+    # on a CPU every time is the host's, on both sides alike: no ~ (README says so too)
+    make_case("cases/add")
+    make_case("cases/mul")
+    result = run_kcoral("-m", "seen", "--kcoral-json", "out.json", "--junitxml", "junit.xml")
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["   1. cases/[*]/candidates/ * correct 2/2  mean *x"])
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert [i["candidate_file"] for i in doc["items"]] == ["cases/add/candidates/good.py", "cases/mul/candidates/good.py"]
+    assert [i["host_set"] for i in doc["items"]] == [False, False] and all(i["timer"] == "wall" for i in doc["items"])
+    assert doc["leaderboard"][0]["folder"] == "cases/*/candidates"
+    assert "~" not in "\n".join(line for line in result.stdout.lines if line.startswith("cases/"))
+    assert 'name="kcoral_host_set" value="False"' in (pytester.path / "junit.xml").read_text()

@@ -118,6 +118,36 @@ def pair_name(case: str, candidate: str) -> str:
     return f"{case}::{candidate}"
 
 
+def shorten_middle(text: str, width: int) -> str:
+    """``text`` cut to ``width`` in its middle. A ``case::candidate`` name loses the middle of its
+    case first, so the candidate, which tells a case's rows apart, stays whole while it fits."""
+    if len(text) <= width:
+        return text
+    case, sep, candidate = text.rpartition("::")
+    room = width - len(sep) - len(candidate)
+    if sep and room >= 9:  # a few letters of the case on either side of the cut
+        return _cut_middle(case, room) + sep + candidate
+    return _cut_middle(text, width)
+
+
+def _cut_middle(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    kept = width - 3
+    return text[: (kept + 1) // 2] + "..." + text[len(text) - kept // 2:]
+
+
+def leaderboard_name(team: str | None, folder: str | None) -> str:
+    """A leaderboard entry's name: its team's; for the bundled candidates (team None), their
+    folder, as a pattern when they lie in several (``cases/*/candidates/``, or ``cases/**`` at
+    several depths)."""
+    if team is not None:
+        return team
+    if not folder:
+        return "(bundled)"
+    return folder if folder.endswith("**") else f"{folder}/"
+
+
 def fmt_bandwidth(gbps: float | None) -> str:
     if not gbps:
         return "-"

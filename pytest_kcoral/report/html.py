@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from pytest_kcoral.report import fmt_pct, fmt_score, fmt_speedup, pair_name
+from pytest_kcoral.report import fmt_pct, fmt_score, fmt_speedup, leaderboard_name, pair_name
 from pytest_kcoral.report.timings import fmt_us
 from pytest_kcoral.speedup_interval import fmt_interval
 
@@ -350,7 +350,7 @@ def suite_section(doc: dict) -> str:
     if board:
         out.append("<h3>Leaderboard</h3>")
         out.append(_table(["rank", "team", "bench-lite", "correct", "mean speedup"],
-                          ([_num_cell(esc(e.get("rank"))), esc(e.get("team") if e.get("team") is not None else "(bundled)"),
+                          ([_num_cell(esc(e.get("rank"))), esc(leaderboard_name(e.get("team"), e.get("folder"))),
                             _num_cell(esc(fmt_score(e.get("bench_lite_total")))), _num_cell(esc(f"{e.get('cases_correct')}/{e.get('cases')}")),
                             _num_cell(esc(fmt_speedup(e.get("mean_speedup"))))] for e in board)))
     return "\n".join(out)

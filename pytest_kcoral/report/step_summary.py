@@ -26,6 +26,7 @@ from pytest_kcoral.report import (
     fmt_unseen,
     host_set_note,
     known_answer_lines,
+    leaderboard_name,
     no_seen_note,
     nothing_timed,
 )
@@ -122,7 +123,9 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     if scores.leaderboard:
         out += ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
         for e in scores.leaderboard:
-            team = _cell(e.team) if e.team is not None else "(bundled)"
+            # a folder in code: its * would start emphasis
+            name = _cell(leaderboard_name(e.team, e.folder))
+            team = f"`{name}`" if e.team is None and e.folder else name
             out.append(f"| {e.rank} | {team} | {fmt_speed_score(e.bench_lite_total, s.timed)} |"
                        f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
     if compare is not None:

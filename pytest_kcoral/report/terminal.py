@@ -27,9 +27,11 @@ from pytest_kcoral.report import (
     fmt_unseen,
     host_set_note,
     known_answer_lines,
+    leaderboard_name,
     no_seen_note,
     nothing_timed,
     pair_name,
+    shorten_middle,
     speed_of_light_lines,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change, largest_changes
@@ -41,15 +43,18 @@ COLUMNS = (  # header, width
     ("comp", 4), ("seen", 4), ("seen x", 7), ("unseen", 6), ("unsn x", 7), ("gap", 5),
     ("AKA", 6), ("bench", 6),  # bench-lite before the tier weight
 )
-
-
-def _clip(text: str, width: int) -> str:
-    # Keep the end: the candidate name tells rows apart, the case prefix repeats.
-    return text if len(text) <= width else "..." + text[-(width - 3):]
+# under the table: what each column holds (each line fits the 100-column terminal)
+LEGEND = (
+    "comp: compiled  seen: correct on every seen shape  unseen: correct unseen shapes/unseen shapes",
+    "seen x, unsn x: mean speedup (baseline time / candidate time) over the correct seen, unseen shapes",
+    "gap: (seen x - unsn x) / seen x; above 0 is bad: slower on unseen shapes than on seen ones",
+    "AKA: AgentKernelArena score (20 compiled, +100 correct, +100 x seen x)",
+    "bench: bench-lite score (60 x seen x below 1x, 100 at 5x), before the tier weight; -: not measured",
+)
 
 
 def _row(name: str, cells: Sequence[str]) -> str:
-    parts = [f"{_clip(name, NAME_WIDTH):<{NAME_WIDTH}}"]
+    parts = [f"{shorten_middle(name, NAME_WIDTH):<{NAME_WIDTH}}"]
     parts += [f"{cell:>{width}}" for cell, (_, width) in zip(cells, COLUMNS)]
     return " ".join(parts).rstrip()
 
@@ -70,6 +75,8 @@ def table_lines(scores: Scores) -> list[str]:
     note = host_set_note(scores.candidates)
     if note:
         lines.append(note)
+    if scores.candidates:
+        lines += LEGEND
     return lines
 
 
@@ -78,7 +85,7 @@ def suite_lines(scores: Scores) -> list[str]:
     q = s.quadrants
     fast = " ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     lines = [
-        f"pairs {s.pairs}  compiled {fmt_pct(s.compile_rate)}  correct {fmt_pct(s.correctness_rate)}",
+        f"pairs {s.pairs}  compiled {fmt_pct(s.compile_rate)}  correct on every seen shape {fmt_pct(s.correctness_rate)}",
         fast + "  " + NOTHING_TIMED_NOTE if nothing_timed(s) else fast,
         f"speedup mean {fmt_speedup(s.mean_speedup)}  geomean {fmt_speedup(s.geomean_speedup)}"
         f"  mean gap {fmt_pct(s.mean_generalization_gap)}",
@@ -95,9 +102,8 @@ def suite_lines(scores: Scores) -> list[str]:
     if scores.leaderboard:
         lines.append("leaderboard (best attempt per case):")
         for e in scores.leaderboard:
-            team = e.team if e.team is not None else "(bundled)"
             lines.append(
-                f"  {e.rank:>2}. {_clip(team, 30):<30} {fmt_speed_score(e.bench_lite_total, s.timed):>8}"
+                f"  {e.rank:>2}. {shorten_middle(leaderboard_name(e.team, e.folder), 30):<30} {fmt_speed_score(e.bench_lite_total, s.timed):>8}"
                 f"  correct {e.cases_correct}/{e.cases}  mean {fmt_speedup(e.mean_speedup)}")
     for w in scores.weak_cases:
         lines.append(f"WEAK case {w.case}: zeros or a constant match the reference on "
