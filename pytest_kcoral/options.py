@@ -78,9 +78,9 @@ def add_options(parser: pytest.Parser) -> None:
 
 MAX_TRIALS = 1000  # correctness input sets: more only ends in the item's timeout
 MAX_PROCESS_PAIRS = 8  # each pair costs two process starts and a timing budget: more only ends in the timeout
-# for a host-set item under --kcoral-process-pairs auto: on an H200, the median of 5 pairs read identical
-# code within 2% in every ordering of 14 host-set items' pairs, the median of 3 in 97% (docs/performance.md, session 16)
-AUTO_PROCESS_PAIRS = 5
+# for a host-set item under --kcoral-process-pairs auto: the median of 3 pairs keeps identical code
+# within 2% often enough for the self-speedup target, at three fifths of 5's cost (docs/performance.md)
+AUTO_PROCESS_PAIRS = 3
 DEFAULT_PRECISION = 0.01
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: larger waits overflow the timers they reach
 
