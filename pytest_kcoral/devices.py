@@ -151,7 +151,7 @@ def fallback_torch_gpus(environ: Mapping[str, str] = os.environ) -> list[DeviceS
     """
     import importlib.util
 
-    if importlib.util.find_spec("torch") is None or not _gpu_driver_present():
+    if importlib.util.find_spec("torch") is None or not gpu_driver_present():
         return []
     cuda_visible_devices = environ.get("CUDA_VISIBLE_DEVICES")
     child_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
@@ -173,7 +173,7 @@ def fallback_torch_gpus(environ: Mapping[str, str] = os.environ) -> list[DeviceS
             for i in range(count)]
 
 
-def _gpu_driver_present() -> bool:
+def gpu_driver_present() -> bool:
     return any(os.path.exists(p) for p in GPU_DRIVER_PATHS)
 
 
