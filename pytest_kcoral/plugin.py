@@ -68,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.confinement == "landlock" and not settings.url:
         from pytest_kcoral import confine
 
-        status = confine.session_status()
+        status = confine.session_status(settings.confinement)
         if not confine.is_confined(status):  # asked for, so never a silent fallback
             raise pytest.UsageError(f"--kcoral-confinement landlock: children cannot be confined here ({status})")
     config.stash[settings_key] = settings
