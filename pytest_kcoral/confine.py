@@ -122,8 +122,8 @@ def session_status(setting: str = "auto", remote: bool = False) -> str:
     if setting == "off":
         return "off (--kcoral-confinement off)"
     if setting == "auto" and _gpu_host():
-        # confined children's CUDA failed on an H200 (error 304) before ``_initialize_cuda_driver``;
-        # until a GPU run shows that fix holds, a GPU host confines only when asked to
+        # confined children's CUDA failed on an H200 (error 304): until a GPU run shows they
+        # start, a GPU host confines only when asked to
         return "none: not yet verified with CUDA on a GPU host (--kcoral-confinement landlock confines anyway)"
     if "abi" not in _status:
         abi, why = landlock_abi()
@@ -195,11 +195,10 @@ def confine_child(role: str, workdir: str, cuda: bool = False) -> str | None:
 
 
 def _initialize_cuda_driver() -> None:
-    """Let the CUDA driver open its device files before the confinement closes them: where
-    ``/dev/nvidia-uvm`` is made at the first CUDA call (by the setuid ``nvidia-modprobe``, which
-    no-new-privileges disarms), a confined child's CUDA failed with error 304. Only the driver
-    (``cuInit``): no context, no device memory. A host without the driver is left to fail later,
-    as it would unconfined."""
+    """Let the CUDA driver open what it needs before the confinement starts: confined children's
+    CUDA failed with error 304 on an H200, cause not found (docs/performance.md), and this is a
+    guess not yet run there. Only the driver (``cuInit``): no context, no device memory. A host
+    without the driver is left to fail later, as it would unconfined."""
     try:
         ctypes.CDLL("libcuda.so.1").cuInit(0)
     except OSError:
