@@ -33,8 +33,8 @@ from pytest_kcoral.devices import DeviceSpec
 POLL_INTERVAL_S = 0.01
 # Lock files the directory's group can lock too, whatever the creating account's umask (filelock
 # applies an explicit mode to a file it creates): sessions under different accounts share a GPU
-# through a ``--kcoral-lease-dir`` that is a group directory (README, *Parallel runs*). The default
-# directory is 0700, so there nobody else reaches them.
+# through a ``--kcoral-lease-dir`` that is a group directory (docs/grading.md, *Sharing GPUs
+# between accounts*). The default directory is 0700, so there nobody else reaches them.
 LOCK_FILE_MODE = 0o660
 # The holder sidecar: what a waiter of another account reads to say who it waited for.
 HOLDER_FILE_MODE = 0o644

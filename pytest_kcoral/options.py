@@ -69,7 +69,7 @@ def add_options(parser: pytest.Parser) -> None:
                          " the timing budget caps it; off: always spend the budget")
     group.addoption("--kcoral-process-pairs", default="auto", metavar="auto|N",
                     help="Pairs of fresh processes (baseline's, candidate's) an item is timed in, the median pair's speedup"
-                         " kept: auto = one, and 5 for an item the host's speed sets (~); N = N for every item")
+                         " kept: auto = one, and 3 for an item the host's speed sets (~); N = N for every item")
     group.addoption("--kcoral-timing-cpu", default="auto", metavar="auto|off|N",
                     help="CPU core that GPU timing (baseline and candidate alike) runs on: auto picks one per GPU")
     group.addoption("--kcoral-cpu-threads", type=int, default=None, metavar="N",

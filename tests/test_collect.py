@@ -511,7 +511,7 @@ def test_an_id_that_names_no_item_is_not_found(pytester, make_case, run_kcoral):
 
 
 # A GPU MODE problem's own files (generate_input draws from a generator seeded by its argument),
-# and the case.py that README's recipe puts beside them.
+# and a case.py beside them, as older versions needed (it takes precedence: docs/grading.md).
 GPU_MODE_REFERENCE = """
 import torch
 from task import input_t, output_t

@@ -113,7 +113,7 @@ def test_an_in_place_baseline_is_held_to_what_the_reference_writes(make_case, ru
         assert any(fnmatch.fnmatch(p, f"trial 1: {problem}") for p in item["extra"]["baseline_problems"]), item["extra"]
 
 
-# the same, returning the input it wrote (``a.add_(b)`` returns ``a``), as the README's model
+# the same, returning the input it wrote (``a.add_(b)`` returns ``a``), as docs/grading.md's
 # in-place reference does
 RETURNING_IN_PLACE_REFERENCE = CASE_WITH_INPLACE.replace("    return a + b\n", "    return a.add_(b)\n")
 assert RETURNING_IN_PLACE_REFERENCE != CASE_WITH_INPLACE
