@@ -48,13 +48,14 @@ class CaseRuntime:
         if self._baseline_fn is None and spec.get("baseline_file"):
             self._baseline_fn = _baseline_from_file(Path(spec["baseline_file"]))
         self._models: dict[str, Any] = {}
+        self._seed = _seeder(spec.get("device_kind", "cpu"))
 
     # -- inputs -----------------------------------------------------------------------------
 
     def make_inputs(self, shape: dict[str, Any], seed: int) -> tuple:
         import torch
 
-        torch.manual_seed(seed)  # seeds every device's generator
+        self._seed(seed)
         if self.format == KERNELBENCH:
             self.set_globals(shape)
             # the item's device as the default: get_inputs()'s draws happen there, not on the host
@@ -158,6 +159,25 @@ class CaseRuntime:
         theirs = [t for t in candidate().values() if isinstance(t, torch.Tensor)]
         ours = [t for t in self._build_model(self._entry_points["Model"], shape).state_dict().values() if isinstance(t, torch.Tensor)]
         return not all(any(t.shape == c.shape and t.dtype == c.dtype and torch.equal(t, c) for c in theirs) for t in ours)
+
+
+def _seeder(device_kind: str) -> Callable[[int], None]:
+    """Seeds the generators the inputs are drawn from, through references taken before any
+    candidate loads. ``torch.manual_seed`` passes the seed through Python callees a candidate can
+    replace (``torch.xpu.manual_seed_all``, ...), and one that learnt each refresh's seed could
+    make the inputs and the answer outside its timing window. Only the CPU's generator and, on a
+    GPU, CUDA's (whose seeding still goes through ``torch.cuda``'s module: docs/security.md)."""
+    import torch
+
+    seed_cpu = torch.default_generator.manual_seed  # a method of a C object
+    seed_cuda = torch.cuda.manual_seed_all if device_kind == "cuda" else None
+
+    def seed_all(seed: int) -> None:
+        if seed_cuda is not None:
+            seed_cuda(seed)
+        seed_cpu(seed)
+
+    return seed_all
 
 
 def _baseline_from_file(path: Path) -> Callable[..., Any]:
