@@ -36,7 +36,8 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _probes(device: str, x: Any) -> dict[str, float]:

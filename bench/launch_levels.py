@@ -40,9 +40,9 @@ def _worker(draws: int, budget: float, device: str) -> None:
     import random
 
     import torch
+    from launch_drift import _probes, softmax_chain, softmax_input
 
     import pytest_kcoral
-    from launch_drift import _probes, softmax_chain, softmax_input
     from pytest_kcoral.timing import pinning, placement
 
     core = pinning.choose(int(device.partition(":")[2] or 0))

@@ -50,7 +50,7 @@ def main() -> None:
 
     results: dict[tuple, list[float]] = {}
     out_ptr: dict[tuple, int] = {}
-    for sweep in range(2):
+    for _sweep in range(2):
         for (n, p), (a, b) in placements.items():
             for flush in (True, False):
                 r = pytest_kcoral.benchmark(add, a, b, method=args.method, budget_s=args.budget,

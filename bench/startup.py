@@ -188,7 +188,9 @@ def main() -> None:
     print("| what | s |\n|---|---|")
     print(f"| fresh interpreter: import torch | {median_s(lambda: interpreter('import torch'), args.repeats):.2f} |")
     print(f"| fresh interpreter: import torch, triton | {median_s(lambda: interpreter('import torch, triton'), args.repeats):.2f} |")
-    print(f"| pytest --collect-only -p kcoral cases | {median_s(lambda: subprocess.run([sys.executable, '-m', 'pytest', '-p', 'kcoral', '-p', 'no:cacheprovider', '--collect-only', '-q', 'cases'], cwd=REPO, stdout=subprocess.DEVNULL, check=True), args.repeats):.2f} |")
+    collect = [sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "--collect-only", "-q", "cases"]
+    collect_s = median_s(lambda: subprocess.run(collect, cwd=REPO, stdout=subprocess.DEVNULL, check=True), args.repeats)
+    print(f"| pytest --collect-only -p kcoral cases | {collect_s:.2f} |")
     print(f"| nvidia-smi GPU listing (devices.py) | {median_s(nvidia_smi, args.repeats):.3f} |")
 
     timeline = session_timeline(args.case, [])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import json
 import os
@@ -31,7 +32,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -115,7 +117,7 @@ def ncu_child(names_path: str, flush: bool) -> None:
         from pytest_kcoral.timing.l2 import L2Flusher
 
         flusher = L2Flusher(torch, torch.device("cuda"))
-    for name, setup in CASES:
+    for _name, setup in CASES:
         sets, fn = setup()
         fn(*sets[0])
         torch.cuda.synchronize()
@@ -251,7 +253,7 @@ def main() -> int:
         e = timing.measure(call, n_sets=len(sets), device="cuda", method="events", budget_s=args.budget)
         row["kcoral_events"] = e.median_us
         row["events"] = events_around_each_call(fn, sets[0])
-        row["do_bench"] = triton.testing.do_bench(lambda: fn(*sets[0]), return_mode="median") * 1e3
+        row["do_bench"] = triton.testing.do_bench(functools.partial(fn, *sets[0]), return_mode="median") * 1e3
         results.append(row)
         print(f"{name:28s} kcoral {k.median_us:10.2f} us ({k.method}, n={k.n}, rse={k.rse:.4f}, "
               f"busy {k.busy_us}, records {k.records})  kcoral-events {e.median_us:10.2f}  "

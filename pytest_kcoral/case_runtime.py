@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from pytest_kcoral.cases import GPUMODE, KCORAL_BENCH, KERNELBENCH, NamedFiles, helpers_folder, import_case_module
 
@@ -183,7 +184,7 @@ def _seeder(device_kind: str) -> Callable[[int], None]:
 def _baseline_from_file(path: Path) -> Callable[..., Any]:
     module = import_case_module(path, "baseline")
     for name in ("baseline", "run"):
-        fn = getattr(module, name, None)
+        fn: Callable[..., Any] | None = getattr(module, name, None)
         if callable(fn):
             return fn
     raise CandidateError(f"{path}: defines neither baseline() nor run()")
@@ -258,7 +259,7 @@ class CandidateRuntime:
         if self.entry == "ModelNew":
             return self.case.bind_model(self._model_class, shape, args)
         if self.entry == "prepare":
-            fn = self.module.prepare(*args)
+            fn: Callable[[], Any] = self.module.prepare(*args)
             if not callable(fn):
                 raise CandidateError(f"{self.path}: prepare() returned {type(fn).__name__} {fn!r:.60}, not a callable")
             return fn

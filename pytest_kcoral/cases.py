@@ -639,8 +639,8 @@ def _gpumode_files(task_path: Path, task: dict[str, Any]) -> dict[str, Path]:
     files = task.get("files") or []
     if not isinstance(files, list):
         raise CaseError(task_path, f'"files" must be a list of {{"name": ..., "source": ...}}, got {type(files).__name__}')
-    config = task.get("config") if isinstance(task.get("config"), dict) else {}
-    runner = config.get("main")
+    config = task.get("config")
+    runner = config.get("main") if isinstance(config, dict) else None
     named: dict[str, Path] = {}
     for i, entry in enumerate(files):
         if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("source"), str)):

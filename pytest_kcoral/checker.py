@@ -13,7 +13,8 @@ The parent side asks (``trial_problems``, ``timed_problems``); the trusted child
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 # A checker's message is shown on failure: GPU MODE's list the first mismatches, keep them whole
 MESSAGE_LIMIT_CHARS = 1500

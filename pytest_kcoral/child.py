@@ -20,8 +20,9 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from pytest_kcoral import confine, leftovers, protocol, tamper
 from pytest_kcoral.timing import guards, pinning, placement
@@ -70,7 +71,7 @@ def main(conn: Connection, stdout: Connection, stderr: Connection, role: str, wo
         pipe.close()
     if live_output:
         with contextlib.suppress(Exception):
-            sys.stdout.reconfigure(line_buffering=True)
+            sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper here
     _std_streams[:] = [sys.stdout, sys.stderr]  # the harness's own: a candidate may replace sys.stdout
     os.chdir(workdir)
     os.environ.update(env)
@@ -126,6 +127,7 @@ def _compile_without_shared_caches(workdir: str) -> None:
         "TORCH_EXTENSIONS_DIR": os.path.join(workdir, "torch-extensions"),
     })
     # read from the environment when torch was imported, in the template, before this child existed
+    compile_config: Any
     try:
         import torch.compiler.config as compile_config
     except ImportError:  # older torch keeps the flag in Inductor's own config
@@ -611,7 +613,7 @@ def _synchronize(device: str) -> None:
 _PLAIN_SCALARS = (int, float, bool, type(None))  # exact types: a subclass could compare equal to anything
 
 
-def _inspect_outputs(values: tuple, args: tuple, device: str, allowed_aliases: set[tuple[int, int]] = frozenset()) -> list[str]:
+def _inspect_outputs(values: tuple, args: tuple, device: str, allowed_aliases: frozenset[tuple[int, int]] | set[tuple[int, int]] = frozenset()) -> list[str]:
     """Checks of a result's values (``flatten_outputs``) that need the live objects: plain dense
     tensors, on the device, not aliasing inputs (output ``i`` may share memory with input ``j``
     where the reference's does: ``(i, j)`` in ``allowed_aliases``, from ``_aliases``). Plain
@@ -675,7 +677,7 @@ def _overlaps(a: Any, b: Any) -> bool:
         return False
     sa, sb = a.untyped_storage(), b.untyped_storage()
     a0, b0 = sa.data_ptr(), sb.data_ptr()
-    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
+    return bool(a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes())
 
 
 def _poison(nbytes: list[int], device: str) -> None:

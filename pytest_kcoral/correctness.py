@@ -13,8 +13,9 @@ half types); only a failure pays for the float64 diagnosis that finds the worst 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -151,7 +152,8 @@ def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
         bad = out != ref
         if bad.any():
             first = int(bad.flatten().nonzero()[0])
-            return [f"{name}: {int(bad.sum())} of {ref.numel()} elements differ (exact match required for {ref.dtype}); first at index {_index(first, ref.shape)}"]
+            return [f"{name}: {int(bad.sum())} of {ref.numel()} elements differ (exact match required for {ref.dtype});"
+                    f" first at index {_index(first, ref.shape)}"]
         return []
     if ref.is_complex():
         # compared as (real, imaginary) pairs, each within the tolerance of the parts' dtype: a
@@ -331,7 +333,8 @@ def _matches(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> bool:
     return not compare_outputs([out], [ref], tol)
 
 
-def constant_where_reference_varies(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]], tol: Tolerance) -> str | None:
+def constant_where_reference_varies(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]],
+                                    tol: Tolerance) -> str | None:
     """A constant output (zeros, a mean, a random number) where the reference's elements vary.
 
     On a weak case (one that zeros or a constant would match within tolerance) such an output

@@ -105,6 +105,7 @@ def map_visible_gpus(rows: Sequence[GpuRow], cuda_visible_devices: str | None) -
     Integer entries are read in ``nvidia-smi`` (PCI bus) order, which is CUDA's order with
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and, on hosts with identical GPUs, with the default order too.
     """
+    chosen: list[tuple[str, str, int | None]]
     if cuda_visible_devices is None:
         chosen = [(row.uuid, row.name, row.index) for row in rows]
     else:

@@ -140,7 +140,7 @@ class Diagnostics:
             return record
         why = "timed out" if status is None else f"exit status {status}" if status else "no report written"
         record.update(report=None, error=f"{why}: {output[-800:]}")
-        warnings.warn(DiagnosticsWarning(f"--kcoral-ncu: no report for {nodeid} ({why}); see the item's diagnostics in the JSON"))
+        warnings.warn(DiagnosticsWarning(f"--kcoral-ncu: no report for {nodeid} ({why}); see the item's diagnostics in the JSON"), stacklevel=1)
         return record
 
     # -- running a candidate under a tool ---------------------------------------------------

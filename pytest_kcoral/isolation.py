@@ -74,7 +74,7 @@ class _TemplatePopen(popen_forkserver.Popen):
         with _launch_lock:
             spawn.get_preparation_data = _preparation_without_main
             try:
-                super()._launch(process_obj)
+                super()._launch(process_obj)  # type: ignore[misc]  # private: typeshed leaves it out
             finally:
                 spawn.get_preparation_data = _get_preparation_data
 
@@ -158,7 +158,7 @@ def stop_template() -> None:
     server = multiprocessing.forkserver._forkserver
     if getattr(server, "_forkserver_pid", None) is not None:
         try:
-            server._stop()
+            server._stop()  # type: ignore[attr-defined]  # private: typeshed leaves it out
         except Exception:  # noqa: BLE001 - already gone
             pass
     _template_ready = False
@@ -261,7 +261,7 @@ class ChildFailure(Exception):
 
 def _pending_bytes(fd: int) -> int:
     """Bytes waiting in the pipe ``fd`` reads from."""
-    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
 
 
 class _OutputDrain(threading.Thread):
@@ -433,7 +433,8 @@ class Child:
         except TimeoutError:  # a message begun and never finished counts as a hang
             self.kill()
             self.timed_out = True
-            raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' in the middle of a reply (item timeout reached)", self.output()) from None
+            raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' in the middle of a reply (item timeout reached)",
+                               self.output()) from None
         except (EOFError, ConnectionResetError, OSError):
             self._raise_died()
         except protocol.ProtocolError as exc:

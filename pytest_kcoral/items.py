@@ -5,10 +5,12 @@ session's executor."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pytest
+from _pytest._code.code import TerminalRepr
 
 from pytest_kcoral import captured_output
 from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
@@ -68,7 +70,7 @@ def _case_items(collector: pytest.Collector, load: Callable[[], Case]) -> tuple[
     # consecutive items in chunks, tends to give them to one worker, and that worker's
     # reference data for the shape (computed under the lease) serves all of them
     names = [(f"{candidate.name}[{shape.split}-{shape.shape_id}]", candidate, shape) for shape in case.shapes for candidate in candidates]
-    items = [KernelItem.from_parent(collector, name=name, nodeid=item_nodeid(collector.nodeid, name), case=case, candidate=candidate, shape=shape)
+    items: list[pytest.Item] = [KernelItem.from_parent(collector, name=name, nodeid=item_nodeid(collector.nodeid, name), case=case, candidate=candidate, shape=shape)
              for name, candidate, shape in names]
     return case, items
 
@@ -167,7 +169,7 @@ class KernelItem(pytest.Item):
                 raise KernelFailure(result)
             raise CandidateFailure(result)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | TerminalRepr:
         if isinstance(excinfo.value, KernelFailure):
             r = excinfo.value.result
             where = f" in phase '{r.phase}'" if r.phase and r.phase != r.stage else ""

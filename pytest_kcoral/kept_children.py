@@ -12,7 +12,7 @@ never kept; the next item of that candidate starts a fresh one.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable
+from collections.abc import Hashable
 
 from pytest_kcoral.isolation import Child
 

@@ -38,7 +38,7 @@ def become_subreaper() -> bool:
     """Orphaned descendants of this process are re-parented to it (Linux); False elsewhere."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -52,7 +52,7 @@ def die_with_parent() -> bool:
     template and a sleeping candidate running for good."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -200,7 +200,7 @@ def reap() -> None:
 
 
 def _socket_inodes() -> set[str]:
-    inodes = set()
+    inodes: set[str] = set()
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
@@ -318,7 +318,7 @@ class Baseline:
             if used > idle_allowance_s(over):
                 problems.append(f"left a thread running after returning that keeps computing: {t.name!r} (daemon={t.daemon}; "
                                 f"{used * 1e3:.0f} ms of CPU in {over * 1e3:.0f} ms {when}; an idle thread uses next to none)")
-            else:
+            elif t.ident is not None:  # a listed thread has started, so it has one
                 kept_threads[t.ident] = now
         reap()
         working, kept_processes = [], {}

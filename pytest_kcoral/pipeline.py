@@ -19,8 +19,9 @@ import random
 import re
 import signal
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from pytest_kcoral import checker, confine, correctness, cpu_share, isolation, speed_of_light, speedup_interval, static_report, timing
 from pytest_kcoral.candidates import Candidate
@@ -99,7 +100,7 @@ class ItemSpec:
 
 # ``factory(label)`` holds a device for a ``with`` block; the lease it yields has ``device_name``,
 # ``wait_ms`` and, once released, ``held_ms`` (``pytest_kcoral.lease.Lease``).
-LeaseFactory = Callable[[str], ContextManager[Any]]
+LeaseFactory = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
 class Executor(Protocol):
@@ -419,9 +420,10 @@ class LocalExecutor:
         key = (case.case_id, case.content_hash)
         child = self._baselines.pop(key, None)
         if child is None or child.process.exitcode is not None:
-            child = self._fresh_baseline_child(case)
-            if isinstance(child, StageFailed):
-                return child
+            fresh = self._fresh_baseline_child(case)
+            if isinstance(fresh, StageFailed):
+                return fresh
+            child = fresh
         return _keep(self._baselines, key, child)
 
     def _fresh_baseline_child(self, case: Case) -> Child | StageFailed:
@@ -613,7 +615,7 @@ class LocalExecutor:
         would hang the next item of its case, and that item would read as the case's failure."""
         for kept in (self._trusted, self._baselines):
             for child in kept.values():
-                if child.process.exitcode is None:
+                if child.process.exitcode is None and child.process.pid is not None:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(child.process.pid, signal.SIGCONT)
 
@@ -639,14 +641,16 @@ class LocalExecutor:
         outputs = payload["outputs"]
         written = payload.get("written")
         if not _well_formed_written(written, outputs, len(ref.written_inputs)):
-            raise StageFailed("correctness", f"the candidate's child returned unreadable in-place results {str(written)[:200]} (results forged?)", "correctness")
+            raise StageFailed("correctness", f"the candidate's child returned unreadable in-place results {str(written)[:200]} (results forged?)",
+                              "correctness")
         changed = header.get("inputs_changed")
         if not _well_formed_changes(changed, len(ref.inputs)):
             raise StageFailed("correctness", f"the candidate's child reported unreadable input changes {str(changed)[:200]} (results forged?)", "correctness")
         problems: list[str] = []
         structures = header.get("structures")
         if not _well_formed_structures(structures, outputs, len(ref.inputs)):
-            raise StageFailed("correctness", f"the candidate's child reported an unreadable output structure {str(structures)[:200]} (results forged?)", "correctness")
+            raise StageFailed("correctness", f"the candidate's child reported an unreadable output structure {str(structures)[:200]}"
+                              " (results forged?)", "correctness")
         judged = None  # the case's own checker's verdicts (GPU MODE), asked of the trusted child
         if spec.case.checker:
             judge = [None if header["findings"][t] or correctness.compare_structure(structures[t], ref.structure) else out
@@ -782,7 +786,8 @@ class LocalExecutor:
                                   disqualifies=True)
             stats_ = TimingStats.from_dict(header["stats"])
             if len(payload["verify"]) != min(keep, stats_.n if stats_ else 0):
-                raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep} (results forged?)", "verify",
+                raise StageFailed("timing", f"the candidate's child returned {len(payload['verify'])} timed outputs to verify, expected {keep}"
+                                  " (results forged?)", "verify",
                                   disqualifies=True)
             pair.candidate.append(stats_)
             pair.verify.append(payload["verify"])
@@ -928,10 +933,10 @@ class LocalExecutor:
         names = correctness.written_input_names(written_inputs)
         problems = []
         for n, (entry, expected, expected_written) in enumerate(zip(verify, payload["reference"], payload["written"])):
-            found = correctness.compare_outputs(entry["outputs"], expected, tol)
-            if not found and entry["outputs"] is not None:
-                found = correctness.compare_outputs(entry.get("written"), expected_written, tol, names)
-            problems += [f"timed call {n + 1}: {p}" for p in found]
+            wrong = correctness.compare_outputs(entry["outputs"], expected, tol)
+            if not wrong and entry["outputs"] is not None:
+                wrong = correctness.compare_outputs(entry.get("written"), expected_written, tol, names)
+            problems += [f"timed call {n + 1}: {p}" for p in wrong]
         if problems:
             raise StageFailed("timing", _one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]), "verify",
                               disqualifies=True)

@@ -113,7 +113,10 @@ def _stop_on_sigterm_as_on_ctrl_c(config: pytest.Config) -> None:
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, interrupt)
-    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    config.add_cleanup(restore)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -189,7 +192,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(*missing)
         if workerinput.get("workerid") == "gw0":  # a usage error on a worker is an INTERNALERROR: warn, once
             for line in missing:
-                warnings.warn(pytest.PytestWarning(line))
+                warnings.warn(pytest.PytestWarning(line), stacklevel=1)
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
         items[:] = keep
@@ -215,7 +218,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             warnings.warn(pytest.PytestWarning(
                 f"--kcoral-submissions {root}: {len(unmatched)} file(s) match no collected case and are not graded: {_a_few(unmatched)}"
                 " (a submission is <team>/<case>.py or <team>/<case>/<attempt>.py, <case> being a case folder's name; or KernelBench's"
-                " level_<L>_problem_<id>_sample_<k>_kernel.py, matched to the problem file <id>_<Name>.py in a folder named level<L>)"))
+                " level_<L>_problem_<id>_sample_<k>_kernel.py, matched to the problem file <id>_<Name>.py in a folder named level<L>)"), stacklevel=1)
         shared: dict[tuple[str, ...], list[str]] = {}  # the cases that took the same files -> those files
         for p in files:
             if len(matched.get(p, ())) > 1:
@@ -224,7 +227,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             warnings.warn(pytest.PytestWarning(
                 f"--kcoral-submissions {root}: the case folders {', '.join(cases)} share the name '{Path(cases[0]).name}',"
                 f" and a submission is matched by that name alone: each of them grades the same {len(taken)} file(s),"
-                f" {_a_few(taken)}; rename a case folder (and its submissions) to grade them apart"))
+                f" {_a_few(taken)}; rename a case folder (and its submissions) to grade them apart"), stacklevel=1)
 
 
 def _a_few(paths: list[str]) -> str:
@@ -300,10 +303,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def get_executor(config: pytest.Config) -> Any:
     """The session's executor, built on first use so collection-only runs start nothing."""
     executor = config.stash.get(executor_key, None)
-    if executor is None and config.stash[settings_key].url:
+    url = config.stash[settings_key].url
+    if executor is None and url:
         from pytest_kcoral.remote import RemoteExecutor
 
-        executor = RemoteExecutor(config.stash[settings_key], config.stash[settings_key].url)
+        executor = RemoteExecutor(config.stash[settings_key], url)
         config.stash[executor_key] = executor
     if executor is None:
         from pytest_kcoral.lease_plugin import get_devices, lease_factory

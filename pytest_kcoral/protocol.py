@@ -25,8 +25,9 @@ import os
 import select
 import struct
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 # A header or a skeleton never needs more; anything larger is a child flooding the channel.
 MAX_HEADER_BYTES = 8 << 20
@@ -112,7 +113,7 @@ class _FrameReader:
             (size,) = struct.unpack("!Q", self._exactly(8))
         if size < 0:
             raise ProtocolError(f"a frame of negative length {size}")
-        return size
+        return int(size)
 
     def frame(self, limit: int, what: str) -> bytes:
         size = self.frame_size()
@@ -135,7 +136,7 @@ class _FrameReader:
             done += got
 
     def _wait_readable(self) -> None:
-        if self._poll is None:
+        if self._poll is None or self.deadline is None:
             return
         while True:
             remaining_ms = (self.deadline - time.monotonic()) * 1e3

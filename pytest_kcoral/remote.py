@@ -21,6 +21,7 @@ the first stage that fails and later stages' results are ignored.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import threading
@@ -145,7 +146,7 @@ class RemoteExecutor(LocalExecutor):
         # the inputs come from the trusted side first: the candidate's program carries them
         with timed_phase(result, "reference"):
             try:
-                ref = self._reference_data(spec, device, trusted, tol)
+                ref = self._reference_data(spec, device, trusted, tol)  # type: ignore[arg-type]  # answers as a Child does; no shared type yet
             except StageFailed as failure:
                 if failure.case_failed:
                     # a local run compiles first: learn what it would have, so the item reads the same
@@ -161,17 +162,18 @@ class RemoteExecutor(LocalExecutor):
             self._stage("compile", lambda: candidate.call("load_candidate", "import"))
         result.compiled = True
         with timed_phase(result, "correctness"):
-            self._check_correctness(spec, candidate, ref, device, tol, trusted)
+            self._check_correctness(spec, candidate, ref, device, tol, trusted)  # type: ignore[arg-type]  # answers as a Child does; no shared type yet
         result.correct = True
         if self.settings.mode != "correctness":
             with timed_phase(result, "timing"):
                 baseline = self._baseline_program(spec, ref, device) if self._timed(spec, ref) else None
                 if baseline is not None:
-                    self._baseline_call(baseline, "start", "baseline")
-                    self._baseline_call(baseline, "load_baseline", "baseline")
+                    self._baseline_call(baseline, "start", "baseline")  # type: ignore[arg-type]  # answers as a Child does; no shared type yet
+                    self._baseline_call(baseline, "load_baseline", "baseline")  # type: ignore[arg-type]  # answers as a Child does; no shared type yet
                 # no timing core: a core of this host means nothing on the server, and the
                 # candidate's program is built without one, so neither side is pinned
-                self._time(spec, candidate, baseline, trusted, ref, device, None, tol, result)
+                # a replay answers as a Child does; no shared type yet
+                self._time(spec, candidate, baseline, trusted, ref, device, None, tol, result)  # type: ignore[arg-type]
         self._stage("correctness" if self.settings.mode == "correctness" else "timing", lambda: candidate.call("finish", "finish"))
 
     def _timing_rounds(self, ref: Any) -> int:
@@ -202,7 +204,7 @@ class RemoteExecutor(LocalExecutor):
             # a crash or a timeout belongs to the stage of the phase it happened in
             if failure.kind in ("crash", "timeout") and failure.phase in _STAGE_OF_PHASE:
                 stage = _STAGE_OF_PHASE[failure.phase]
-            return super()._stage(stage, lambda: _reraise(failure))
+            return super()._stage(stage, functools.partial(_reraise, failure))
 
     def _compiles(self, spec: ItemSpec) -> bool:
         """Whether the candidate imports (a program of its own, run only when the case failed
@@ -229,7 +231,7 @@ class RemoteExecutor(LocalExecutor):
     def _baseline_program(self, spec: ItemSpec, ref: Any, device: str) -> ReplayedChild:
         """The baseline's timing: a program that goes the candidate's program's way, with the
         baseline in the candidate's place (``LocalExecutor._baseline_child`` says why)."""
-        load = ("load_baseline", "baseline", {}, None)
+        load: tuple[str, str, dict[str, Any], Any] = ("load_baseline", "baseline", {}, None)
         return self.execute("baseline", spec.case, self._side_commands(spec, ref, device, load, ("baseline", "baseline"), send_kept=False))
 
     def _side_commands(self, spec: ItemSpec, ref: Any, device: str, load: tuple[str, str, dict[str, Any], Any],
@@ -256,7 +258,8 @@ class RemoteExecutor(LocalExecutor):
             spec["baseline_file"] = f"case/{case.baseline_file.name}"
         return spec
 
-    def execute(self, role: str, case: Case, commands: list[tuple[str, str, dict[str, Any], Any]], extra_files: dict[str, bytes] | None = None) -> ReplayedChild:
+    def execute(self, role: str, case: Case, commands: list[tuple[str, str, dict[str, Any], Any]],
+                extra_files: dict[str, bytes] | None = None) -> ReplayedChild:
         """One program: upload, ``start``, one ``run`` per command, ``done``; its replies, replayable."""
         from kcoral import Program
 
@@ -405,8 +408,9 @@ def _device_kind(health: dict[str, Any]) -> str:
     does not (null), but passes on its nodes' compile target, which names a GPU architecture
     (``{"arch": "sm_90a"}``) and is empty for CPU workers."""
     gpus = health.get("gpu_count")
-    target = health.get("target") if isinstance(health.get("target"), dict) else {}
-    return "cuda" if (isinstance(gpus, int) and gpus > 0) or target.get("arch") else "cpu"
+    target = health.get("target")
+    arch = target.get("arch") if isinstance(target, dict) else None
+    return "cuda" if (isinstance(gpus, int) and gpus > 0) or arch else "cpu"
 
 
 def _server_info(url: str, health: dict[str, Any]) -> dict[str, Any]:
@@ -489,7 +493,8 @@ class ReplayedChild:
             return ChildFailure("crash", at_phase, f"the KCoral worker exited in phase '{at_phase}' (a crash, os._exit or a kill; "
                                                    "the server does not report the exit status)", self._output())
         kind = error.get("kind", "unknown")
-        return ChildFailure("protocol", at_phase, f"the KCoral program failed at instruction {failed_at!r} ({kind}): {error.get('message', '')}", self._output())
+        return ChildFailure("protocol", at_phase, f"the KCoral program failed at instruction {failed_at!r} ({kind}): {error.get('message', '')}",
+                            self._output())
 
     def take_output_tail(self) -> dict[str, Any] | None:
         """What the program printed, kept as a local child's output is (``captured_output.record``)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 # Stages in the order they run; ``done`` means every stage passed.
 STAGES = ("compile", "correctness", "timing")
@@ -48,6 +48,18 @@ class TimingStats:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @overload
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TimingStats: ...
+
+    @overload
+    @classmethod
+    def from_dict(cls, data: None) -> None: ...
+
+    @overload
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> TimingStats | None: ...
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TimingStats | None:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import posixpath
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 from pytest_kcoral.speed_of_light import largest_shape
@@ -367,10 +368,10 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
     correct_seen = bool(seen) and all(it.correct is True for it in seen)
 
     seen_timed = [it for it in seen if it.correct is True and it.speedup is not None]
-    seen_speedups = [it.speedup for it in seen_timed]
+    seen_speedups = [it.speedup for it in seen_timed if it.speedup is not None]
     timed_alike = bool(seen) and all(it.speedup is not None for it in seen)
     unseen_timed = [it for it in unseen if it.correct is True and _baseline_ok(it) and it.speedup is not None]
-    unseen_speedups = [it.speedup for it in unseen_timed]
+    unseen_speedups = [it.speedup for it in unseen_timed if it.speedup is not None]
     mean_seen = mean(seen_speedups)
     mean_unseen = mean(unseen_speedups)
     credited = mean_seen if (correct_seen and timed_alike) else None
@@ -463,14 +464,14 @@ def pass_at_k_table(candidates: Sequence[CandidateScore]) -> tuple[dict[str, flo
     per_k: dict[int, list[float]] = defaultdict(list)
     for (team, case), group in sorted(groups.items()):
         n = len(group)
-        c = sum(1 for s in group if s.correct_seen)
+        correct = sum(1 for s in group if s.correct_seen)
         values = {}
         for k in range(1, max_n + 1):
-            p = pass_at_k(n, c, k)
+            p = pass_at_k(n, correct, k)
             if p is not None:
                 values[str(k)] = p
                 per_k[k].append(p)
-        rows.append({"team": team, "case": case, "n": n, "c": c, "pass_at_k": values})
+        rows.append({"team": team, "case": case, "n": n, "c": correct, "pass_at_k": values})
     averaged = {str(k): sum(v) / len(v) for k, v in sorted(per_k.items())}
     return averaged, rows, {str(k): len(v) for k, v in sorted(per_k.items())}
 
@@ -551,12 +552,13 @@ def folder_pattern(folders: Sequence[str | None]) -> str | None:
     """One name for several folders: ``cases/*/candidates`` for ``cases/add/candidates`` and
     ``cases/mul/candidates``; their common part and ``**`` when their depths differ. None when
     some folder is not known."""
-    if not folders or any(f is None for f in folders):
+    known = sorted({f for f in folders if f is not None})
+    if not folders or len(known) < len(set(folders)):
         return None
-    parts = [f.split("/") for f in sorted(set(folders))]  # type: ignore[union-attr]
+    parts = [f.split("/") for f in known]
     if len({len(p) for p in parts}) == 1:
         return "/".join(names[0] if len(set(names)) == 1 else "*" for names in zip(*parts))
-    common = posixpath.commonpath(sorted(set(folders)))  # type: ignore[arg-type]
+    common = posixpath.commonpath(known)
     return posixpath.join(common, "**") if common else "**"
 
 

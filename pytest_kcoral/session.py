@@ -147,7 +147,7 @@ class KcoralSession:
                 timed_by=compare_mod.pair_methods((i.case, i.candidate, i.split, i.timer, i.speedup) for i in self.items),
                 gpus=compare_mod.gpu_models(environment))
         _add_junit_suite_properties(session.config, scores.suite, scores.timers, len(self.collection_errors), self.compare_result)
-        if wants_json or wants_html:
+        if settings is not None and (wants_json or wants_html):
             doc = json_artifact.build_document(
                 self.items, scores,
                 settings=settings,

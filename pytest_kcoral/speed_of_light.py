@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 COST_KEYS = ("flops", "bytes")
 
 
 def _count(value: Any) -> bool:
     """A usable count: a real number (numpy's included), finite and not negative; not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and float(value) >= 0
 
 
 def valid_cost(cost: Any) -> dict[str, float] | None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pytest_kcoral.results import ItemResult, TimingStats
 from pytest_kcoral.timing import combine
@@ -135,9 +135,10 @@ def mean_of_intervals(intervals: Sequence[Sequence[float] | None]) -> list[float
     speedup lies if every item's speedup lies in its interval. None when there are none, or one
     is missing. Not an interval at a level: all k items' intervals hold together with probability
     at least 1 - k x 5% only (more when their errors are independent and partly cancel)."""
-    if not intervals or any(not i for i in intervals):
+    present = [i for i in intervals if i]
+    if not intervals or len(present) < len(intervals):
         return None
-    return [sum(i[0] for i in intervals) / len(intervals), sum(i[1] for i in intervals) / len(intervals)]  # type: ignore[index]
+    return [sum(i[0] for i in present) / len(present), sum(i[1] for i in present) / len(present)]
 
 
 def relative_half_width(interval: Sequence[float], speedup: float) -> float:

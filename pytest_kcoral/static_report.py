@@ -99,7 +99,7 @@ def scan_source(source: str, filename: str = "<candidate>") -> list[str]:
             # assigning to an attribute of an imported module is monkeypatching (torch.x = ...)
             for target in node.targets:
                 if isinstance(target, ast.Attribute) and isinstance(target.value, (ast.Name, ast.Attribute)):
-                    root = target.value
+                    root: ast.expr = target.value
                     while isinstance(root, ast.Attribute):
                         root = root.value
                     if isinstance(root, ast.Name) and root.id in ("torch", "time", "triton", "os", "sys", "pytest_kcoral", "gc", "builtins"):

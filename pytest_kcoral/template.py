@@ -27,7 +27,7 @@ PR_SET_THP_DISABLE = 41  # prctl(2)
 def without_transparent_huge_pages() -> bool:
     """No THP for this process and its future children (Linux); False where that cannot be set."""
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 

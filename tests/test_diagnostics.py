@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from kernels import add_case
 
 from pytest_kcoral.diagnostics import Diagnostics, DiagnosticsUnavailable, find_tool, ncu_command, sanitizer_findings

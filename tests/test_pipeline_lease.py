@@ -18,7 +18,7 @@ def _intervals(path):
 
 
 def _assert_no_overlap(intervals):
-    for (a0, a1, la), (b0, b1, lb) in zip(intervals, intervals[1:]):
+    for (_a0, a1, la), (b0, _b1, lb) in zip(intervals, intervals[1:]):
         assert b0 >= a1, f"{lb} took the device at {b0} before {la} released it at {a1}"
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from kernels import triton_add
 
-from pytest_kcoral.pipeline import (GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS,
-                                    timing_rounds)
+from pytest_kcoral.pipeline import GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS, timing_rounds
 from pytest_kcoral.results import CASE_FAILED_PREFIX
 
 GOOD = "def run(a, b):\n    return a + b\n"

@@ -19,7 +19,6 @@ from pytest_kcoral import timing
 from pytest_kcoral.results import TimingStats
 from pytest_kcoral.timing import combine, stats
 
-
 _real_perf_counter = time.perf_counter
 
 

@@ -4,7 +4,7 @@ number formats they share live here."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pytest_kcoral.scoring import CandidateScore, KnownAnswers, SuiteScore
 
@@ -189,7 +189,7 @@ def speed_of_light_lines(candidates: Sequence[CandidateScore]) -> list[str]:
         return []
     lines = [SPEED_OF_LIGHT_TITLE]
     for c in rated:
-        sol = c.speed_of_light
+        sol = c.speed_of_light or {}
         peak = f" = {fmt_of_peak(sol)}" if sol.get("candidate_of_peak") is not None else ""
         lines.append(f"  {pair_name(c.case, c.candidate)} [{sol['shape_id']}]: {fmt_rates(sol)}{peak} (baseline {fmt_rates(sol, 'baseline')})")
     return lines

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from pytest_kcoral.report import HOST_SET_MARK, fmt_speedup, pair_name
 from pytest_kcoral.scoring import CandidateScore
@@ -118,7 +119,7 @@ def load_saved_run(path: str | Path) -> SavedRun:
     items = doc.get("items")
     if isinstance(items, list):
         saved.timed_by = pair_methods(
-            (str(i.get("case")), str(i.get("candidate")), i.get("split"), i.get("timer"), i.get("speedup"))
+            (str(i.get("case")), str(i.get("candidate")), str(i.get("split")), i.get("timer"), i.get("speedup"))
             for i in items if isinstance(i, dict))
     saved.gpus = gpu_models(doc.get("environment") if isinstance(doc.get("environment"), dict) else None)
     saved.partial = doc.get("partial") is True

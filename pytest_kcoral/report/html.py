@@ -20,8 +20,9 @@ from __future__ import annotations
 import html
 import math
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from pytest_kcoral.report import fmt_pct, fmt_score, fmt_speedup, leaderboard_name, pair_name
 from pytest_kcoral.report.timings import fmt_us
@@ -375,10 +376,10 @@ def _unseen_text(c: dict) -> str:
 
 def _outcome_key(it: dict) -> str:
     if it.get("outcome") in ("passed", "skipped"):
-        return it["outcome"]
+        return str(it["outcome"])
     if it.get("case_failed"):
         return "case"
-    return it.get("stage") if it.get("stage") in OUTCOME_COLORS else "correctness"
+    return str(it.get("stage")) if it.get("stage") in OUTCOME_COLORS else "correctness"
 
 
 def _first_line(text: Any, limit: int = 300) -> str:
@@ -399,31 +400,31 @@ def outcome_grid(items: Sequence[dict]) -> str:
         shapes = []
         for split in ("seen", "unseen"):
             for it in case_items:
-                key = (split, str(it.get("shape_id")))
-                if it.get("split") == split and key not in shapes:
-                    shapes.append(key)
+                shape_key = (split, str(it.get("shape_id")))
+                if it.get("split") == split and shape_key not in shapes:
+                    shapes.append(shape_key)
         candidates = list(dict.fromkeys(str(it.get("candidate")) for it in case_items))
         cells = {(str(it.get("candidate")), (str(it.get("split")), str(it.get("shape_id")))): it for it in case_items}
         rows = []
         for cand in candidates:
             row = [esc(cand)]
             for shape in shapes:
-                it = cells.get((cand, shape))
-                if it is None:
+                cell = cells.get((cand, shape))
+                if cell is None:
                     row.append("<td></td>")
                     continue
-                key = _outcome_key(it)
+                key = _outcome_key(cell)
                 if key == "passed":
-                    text = fmt_speedup(_num(it.get("speedup"))) if _num(it.get("speedup")) else "ok"
-                    if it.get("noisy"):
+                    text = fmt_speedup(_num(cell.get("speedup"))) if _num(cell.get("speedup")) else "ok"
+                    if cell.get("noisy"):
                         text += " ?"
                 else:
                     text = {"skipped": "skip", "case": "case"}.get(key, key)
-                tip = f"{it.get('nodeid')}: {it.get('outcome')}"
-                if it.get("message"):
-                    tip += f" at {it.get('stage')}: {_first_line(it.get('message'))}"
-                elif it.get("noisy"):
-                    tip += f"; noisy: {it.get('noisy_reason')}"
+                tip = f"{cell.get('nodeid')}: {cell.get('outcome')}"
+                if cell.get("message"):
+                    tip += f" at {cell.get('stage')}: {_first_line(cell.get('message'))}"
+                elif cell.get("noisy"):
+                    tip += f"; noisy: {cell.get('noisy_reason')}"
                 row.append(f'<td style="background:{OUTCOME_COLORS[key]}" title="{esc(tip)}">{esc(text)}</td>')
             rows.append(row)
         header = ["candidate"] + [f"{esc(split)}<br>{esc(shape)}" for split, shape in shapes]
@@ -484,7 +485,9 @@ def distributions_section(items: Sequence[dict]) -> str:
                 continue
             speedup = _num(it.get("speedup"))
             caption = (f"{it.get('candidate')} [{it.get('split')} {it.get('shape_id')}]: {fmt_us(_num(it.get('t_baseline_us')))} ->"
-                       f" {fmt_us(_num(it.get('t_candidate_us')))}" + (f", {fmt_speedup(speedup)} {fmt_interval(it.get('speedup_ci'), speedup)}" if speedup else ""))
+                       f" {fmt_us(_num(it.get('t_candidate_us')))}")
+            if speedup:
+                caption += f", {fmt_speedup(speedup)} {fmt_interval(it.get('speedup_ci'), speedup)}"
             noisy = f' <span class="noisy" title="{esc(it.get("noisy_reason"))}">noisy</span>' if it.get("noisy") else ""
             charts.append(f'<div class="dist"><div>{esc(caption)}{noisy}</div>{chart}</div>')
         out.append(f"<details open><summary><b>{esc(case)}</b> ({len(charts)} item(s))</summary>{''.join(charts)}</details>")

@@ -13,8 +13,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from pytest_kcoral.options import Settings
 from pytest_kcoral.report.compare import CompareResult
@@ -46,7 +47,8 @@ def settings_config(settings: Settings | None) -> dict[str, Any]:
     config = dataclasses.asdict(settings)
     config.pop("seed", None)
     config.pop("seed_is_secret", None)
-    return _jsonable(config)
+    jsonable: dict[str, Any] = _jsonable(config)
+    return jsonable
 
 
 def build_document(
@@ -83,7 +85,8 @@ def build_document(
         "lease_history": list(lease_history),
         "compare": compare.to_dict() if compare is not None else None,
     }
-    return _jsonable(doc)
+    jsonable: dict[str, Any] = _jsonable(doc)
+    return jsonable
 
 
 def _item_dict(item: ItemResult) -> dict[str, Any]:

@@ -4,8 +4,8 @@ the run's page). Never prints the seed."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pytest_kcoral.report import (
     HOST_SET_MARK,
@@ -80,7 +80,7 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out += ["", "Speed of light: medians on each pair's largest correct seen shape, from the case's `cost(shape)`.", "",
                 "| case | candidate | shape | achieved | of peak bandwidth | baseline |", "|---|---|---|---:|---:|---:|"]
         for c in rated:
-            sol = c.speed_of_light
+            sol = c.speed_of_light or {}
             out.append("| " + " | ".join(_cell(x) for x in (
                 f"`{c.case}`", f"`{c.candidate}`", f"`{sol['shape_id']}`", fmt_rates(sol), fmt_of_peak(sol), fmt_rates(sol, "baseline"),
             )) + " |")

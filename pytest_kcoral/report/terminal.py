@@ -7,7 +7,7 @@ reach logs a candidate's author can read.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -178,9 +178,13 @@ def summary_lines(
     return lines
 
 
+# The summary's lines that say something is wrong, by how they begin: written in red.
+RED_LINES = ("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "NOTHING COMPARED", "CASE FAILED",
+             "NO SEEN SHAPE", "WRONG BASELINE", "UNEXPECTED", "NOT CONFINED", "REPORT")
+
+
 def write_summary(terminalreporter: pytest.TerminalReporter, lines: Sequence[str]) -> None:
     terminalreporter.write_sep("=", "kcoral summary")
     for line in lines:
-        red = line.lstrip().startswith(("REGRESSION", "WEAK", "PARTIAL", "collection error", "TIMER FALLBACK", "NOT COMPARED", "NOTHING COMPARED", "CASE FAILED",
-                                        "NO SEEN SHAPE", "WRONG BASELINE", "UNEXPECTED", "NOT CONFINED", "REPORT"))
+        red = line.lstrip().startswith(RED_LINES)
         terminalreporter.write_line(line, red=red)

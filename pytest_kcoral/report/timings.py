@@ -7,7 +7,7 @@ JSON and the HTML report hold every item.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pytest_kcoral.report import fmt_speedup
 from pytest_kcoral.results import ItemResult

@@ -38,7 +38,8 @@ import gc
 import math
 import statistics
 from collections import Counter
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pytest_kcoral.results import TIMER_METHODS, TimingStats
 from pytest_kcoral.timing import clocks, guards, stats
@@ -155,7 +156,7 @@ def measure(
         raise ValueError(f"unknown timing method {method!r}; choose one of {', '.join(TIMER_METHODS)}")
     min_samples = max(1, min_samples)
     max_samples = max(min_samples, max_samples)
-    loop = dict(
+    loop: dict[str, Any] = dict(
         call=call, n_sets=n_sets, refresh=refresh, on_output=on_output, warmup_s=warmup_s,
         budget_s=budget_s, min_samples=min_samples, max_samples=max_samples,
         rse_target=rse_target, host_slack_us=host_slack_us, untrusted=untrusted,
@@ -265,7 +266,7 @@ def _sample(
             guards.clear_profile_and_trace()
         if flusher is not None:
             flusher()
-        if sync_first:
+        if sync_first and sync is not None:
             sync()
         h0 = perf()
         token = timer.open_window()

@@ -11,10 +11,10 @@ also comes first. We keep the C-level entry points (``torch._C._cuda_synchronize
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 perf_counter: Callable[[], float] = time.perf_counter
 

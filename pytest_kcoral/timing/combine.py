@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pytest_kcoral.results import TimingStats, speedup_between
 from pytest_kcoral.timing import stats
 from pytest_kcoral.timing.stats import RSE_TARGET
-
 
 # A candidate's calls may spend this much more host time outside their windows than the baseline's
 # (the same harness on both sides: input refresh, L2 flush, output drop and check) before the
@@ -216,7 +216,7 @@ def host_set_side(side: Mapping[str, Any]) -> bool:
     if side.get("host_bound") or any(f.startswith(("launch_bound", "host_bound")) for f in side.get("flags", [])):
         return True
     busy, span = side.get("busy_us"), side.get("median_us")
-    return busy is not None and bool(span) and busy < (1 - HOST_GAP_FRACTION) * span
+    return busy is not None and span is not None and bool(span) and busy < (1 - HOST_GAP_FRACTION) * span
 
 
 @dataclass

@@ -140,7 +140,7 @@ class CuptiTimer:
             raise CuptiUnavailable(f"CUPTI refused activity collection: {exc}") from exc
 
     def open_window(self) -> int:
-        return self._get_timestamp()
+        return int(self._get_timestamp())
 
     def close_window(self, token: int) -> float | None:
         self._sync()

@@ -30,7 +30,8 @@ import resource
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _getprofile = sys.getprofile
 _gettrace = sys.gettrace

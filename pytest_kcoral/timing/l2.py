@@ -30,7 +30,7 @@ def capture_cudart() -> None:
         try:
             from cuda.bindings import runtime as cudart
         except ImportError:
-            from cuda import cudart  # type: ignore[no-redef]  # cuda-python < 12.6
+            from cuda import cudart  # cuda-python < 12.6
         _cudart_refs = (
             cudart.cudaDeviceSetLimit,
             cudart.cudaCtxResetPersistingL2Cache,

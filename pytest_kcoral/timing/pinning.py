@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 TIMING_CPU_CHOICES = ("auto", "off")
 MIN_CORES_LEFT = 2  # fewer left for everything else than this: reserve nothing
@@ -51,7 +51,7 @@ def parse_cpu_list(text: str) -> set[int]:
     return cores
 
 
-@functools.lru_cache(maxsize=None)  # the topology holds for the session; ``choose`` runs per item
+@functools.cache  # the topology holds for the session; ``choose`` runs per item
 def siblings(core: int) -> frozenset[int]:
     """The hardware threads that share ``core``'s physical core, ``core`` included (sysfs; only
     ``core`` where the topology cannot be read)."""

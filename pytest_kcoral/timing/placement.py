@@ -16,8 +16,14 @@ addresses. Both sides' medians are then medians over the same distribution of pl
 
 from __future__ import annotations
 
-import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class RandomSource(Protocol):
+    """What placement draws from: ``random.Random``, or the child's own ``Unpredictable``."""
+
+    def randrange(self, start: int, stop: int | None = None) -> int: ...
 
 SMALL_SET_BYTES = 4 << 20  # a set up to this size gets the placements below
 # Input sets for a small set, each a placement of its own. A process's median is a median over the
@@ -36,7 +42,7 @@ def tensor_bytes(values: Any) -> int:
 class Placements:
     """Input sets at random offsets on a GPU, and the outputs of timed calls kept in rotation."""
 
-    def __init__(self, device: str, rng: random.Random) -> None:
+    def __init__(self, device: str, rng: RandomSource) -> None:
         self.spread = str(device).startswith("cuda")  # a CPU has no such effect to average out
         self._device = device
         self._rng = rng

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from typing import Sequence
+from collections.abc import Sequence
 
 _Z95 = 1.959964
 # The relative standard error of the median a callable's samples aim for (``timing.measure``).
