@@ -8,30 +8,42 @@ returns plain sentences that name the output, the rule and the numbers, for the 
 
 Passing outputs take one ``torch.isclose`` pass in the output's own precision (float32 for the
 half types); only a failure pays for the float64 diagnosis that finds the worst element.
+
+Each function imports torch itself: the plugin imports this module at start-up, and torch takes
+seconds to import.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # annotations only: the functions import torch when they run
+    import torch
 
-# (atol, rtol) by output dtype; a case's ATOL/RTOL override them (e.g. for TF32-like matmuls).
-DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-4),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1e-2, 1e-2),
+# (atol, rtol) by output dtype's name; a case's ATOL/RTOL override them (e.g. for TF32-like matmuls)
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1e-4, 1e-4),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1e-2, 1e-2),
 }
 # fp8 outputs: one unit in the last place (rtol = the format's epsilon), and near zero one step of
 # its smallest normal number: two correct kernels that round an fp32 value differently differ by one
-for _name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"):
-    _fp8 = getattr(torch, _name, None)  # absent from older torch builds
-    if _fp8 is not None:
-        DEFAULT_TOLERANCES[_fp8] = (torch.finfo(_fp8).smallest_normal, torch.finfo(_fp8).eps)
+FP8_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+@functools.cache
+def _default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    import torch  # here, not at the top: importing this module keeps torch out of pytest's start-up
+
+    name = str(dtype).removeprefix("torch.")
+    if name in FP8_DTYPES:
+        return torch.finfo(dtype).smallest_normal, torch.finfo(dtype).eps
+    return DEFAULT_TOLERANCES.get(name, (0.0, 0.0))  # integers and bools: exact
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,7 @@ class Tolerance:
     strict: bool = False  # max-abs <= atol AND max-rel <= rtol, instead of elementwise
 
     def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
-        default = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))  # integers and bools: exact
+        default = _default_tolerance(dtype)
         return (default[0] if self.atol is None else self.atol, default[1] if self.rtol is None else self.rtol)
 
 
@@ -96,6 +108,8 @@ def compare_outputs(outputs: Sequence[Any] | None, reference: Sequence[Any], tol
                     names: Sequence[str] | None = None) -> list[str]:
     """Problems with ``outputs`` against ``reference`` (both tuples of CPU tensors); ``names``
     label the values in messages (default ``output 0``, ``output 1``, ...)."""
+    import torch
+
     if outputs is None:
         return ["no outputs came back"]
     if len(outputs) != len(reference):
@@ -127,6 +141,8 @@ def _compare_plain(name: str, out: Any, ref: Any, tol: Tolerance) -> list[str]:
     """An output the reference returns as a plain Python value: the same type, equal, or for a
     float within the case's tolerance (fp32's by default: such a float usually comes from
     ``.item()`` on a float32 tensor)."""
+    import torch
+
     if type(out) is not type(ref):
         return [f"{name} is {type(out).__name__} {out!r:.60}, expected {type(ref).__name__} {ref!r:.60}"]
     if isinstance(ref, float) and not (math.isnan(ref) and math.isnan(out)):
@@ -146,6 +162,8 @@ def _index(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
 
 
 def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> list[str]:
+    import torch
+
     if out.numel() == 0:
         return []
     if ref.dtype == torch.bool or not (ref.is_floating_point() or ref.is_complex()):
@@ -223,6 +241,8 @@ def _special_mismatch(name: str, mismatch: Any, o: Any, r: Any, shape: Any) -> l
 def _all_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
     """Every element within atol + rtol x |ref| (NaN matching NaN, an infinity itself): the fast,
     allocation-light test that passing outputs stop at."""
+    import torch
+
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
     return bool(torch.isclose(out.detach().to(work), ref.detach().to(work), rtol=rtol, atol=atol, equal_nan=True).all())
 
@@ -230,6 +250,8 @@ def _all_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -
 def changed_inputs(before: Sequence[Any], after: Sequence[Any]) -> list[list[Any]]:
     """``[input index, bytes changed or None when replaced or reshaped]`` for each input a call
     changed; runs where the inputs are (the candidate's child, on the device), on its own copies."""
+    import torch
+
     changes: list[list[Any]] = []
     for j, (b, a) in enumerate(zip(before, after)):
         if not isinstance(b, torch.Tensor):
@@ -261,6 +283,8 @@ def describe_changed_inputs(changes: Sequence[Sequence[Any]], inplace: Sequence[
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bytes of a tensor, so NaN inputs compare equal to themselves."""
+    import torch
+
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
@@ -268,6 +292,8 @@ def same_kinds(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_
     """Whether every trial's outputs that came back are of the reference's kinds: as many, each
     a tensor of the same dtype and shape, or a plain value of the same type. Only then do the
     findings about values (ignoring the inputs, a constant) say more than the kind mismatch."""
+    import torch
+
     for outs, refs in zip(outputs_per_trial, reference_per_trial):
         if outs is None:
             continue
@@ -294,6 +320,8 @@ def ignores_inputs(outputs_per_trial: Sequence[Sequence[Any] | None], reference_
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    import torch
+
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
@@ -308,6 +336,8 @@ def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
 
 def is_weak_reference(reference: Sequence[Any], tol: Tolerance) -> bool:
     """A reference that zeros or a constant would match within tolerance cannot tell kernels apart."""
+    import torch
+
     tensors = [r for r in reference if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() > 0]
     if not tensors:
         return False
@@ -321,6 +351,8 @@ def is_weak_reference(reference: Sequence[Any], tol: Tolerance) -> bool:
 def _finite_mean(t: torch.Tensor) -> float:
     """The mean of a tensor's finite elements (0 when none is): the constant a kernel that skips
     the work would return. Computed in float64, which every floating dtype, fp8 included, converts to."""
+    import torch
+
     values = t.detach().to(torch.float64).flatten()
     finite = values[torch.isfinite(values)]
     return float(finite.mean()) if finite.numel() else 0.0
@@ -341,6 +373,8 @@ def constant_where_reference_varies(outputs_per_trial: Sequence[Sequence[Any] | 
     passes the tolerance check; a kernel that computes something never returns the same value in
     every element when the reference holds several distinct ones.
     """
+    import torch
+
     for t, (outs, refs) in enumerate(zip(outputs_per_trial, reference_per_trial)):
         if outs is None:
             continue

@@ -15,12 +15,12 @@ from _pytest._code.code import TerminalRepr
 from pytest_kcoral import captured_output
 from pytest_kcoral.candidates import Candidate, bundled_folder, find_candidates
 from pytest_kcoral.cases import KCORAL_BENCH, Case, CaseError, Shape, load_case, load_problem_file
+from pytest_kcoral.executors import get_executor
 from pytest_kcoral.pipeline import ItemSpec
 from pytest_kcoral.report import junit_figure
 from pytest_kcoral.results import ItemResult
 from pytest_kcoral.scoring import host_set
-
-result_key = pytest.StashKey[ItemResult]()
+from pytest_kcoral.stash import get_settings, result_key, submissions_matched_key
 
 
 class KernelFailure(Exception):
@@ -41,10 +41,8 @@ KNOWN_WRONG_REASON = "known answer: a wrong candidate, expected to fail"
 
 def _case_items(collector: pytest.Collector, load: Callable[[], Case]) -> tuple[Case, list[pytest.Item]]:
     """The items of the case ``load`` reads: every candidate times every shape, shape by shape."""
-    from pytest_kcoral.plugin import settings_key, submissions_matched_key
-
     config = collector.config
-    settings = config.stash[settings_key]
+    settings = get_settings(config)
     try:
         case = load()
         candidates = find_candidates(case, settings.submissions)
@@ -70,8 +68,9 @@ def _case_items(collector: pytest.Collector, load: Callable[[], Case]) -> tuple[
     # consecutive items in chunks, tends to give them to one worker, and that worker's
     # reference data for the shape (computed under the lease) serves all of them
     names = [(f"{candidate.name}[{shape.split}-{shape.shape_id}]", candidate, shape) for shape in case.shapes for candidate in candidates]
-    items: list[pytest.Item] = [KernelItem.from_parent(collector, name=name, nodeid=item_nodeid(collector.nodeid, name), case=case, candidate=candidate, shape=shape)
-             for name, candidate, shape in names]
+    items: list[pytest.Item] = [
+        KernelItem.from_parent(collector, name=name, nodeid=item_nodeid(collector.nodeid, name), case=case, candidate=candidate, shape=shape)
+        for name, candidate, shape in names]
     return case, items
 
 
@@ -148,12 +147,10 @@ class KernelItem(pytest.Item):
             self.add_marker(pytest.mark.xfail(reason=KNOWN_WRONG_REASON, raises=CandidateFailure, strict=False))
 
     def runtest(self) -> None:
-        from pytest_kcoral.plugin import get_executor, settings_key
-
         result = get_executor(self.config).run(ItemSpec(self.nodeid, self.case, self.candidate, self.shape))
         self.stash[result_key] = result
         result.candidate_file = _relative_to(self.candidate.path, self.config.rootpath)
-        settings = self.config.stash[settings_key]
+        settings = get_settings(self.config)
         if not settings.live_output or settings.url:  # with -s a local run has shown it already
             for stream, text in captured_output.sections(result.output_tail):
                 self.add_report_section("call", stream, text)  # pytest's "Captured stdout call"

@@ -18,9 +18,7 @@ import pytest
 
 from pytest_kcoral.devices import DeviceSpec, visible_devices
 from pytest_kcoral.lease import Lease, LeaseManager, worker_preferred_index
-
-devices_key = pytest.StashKey[list[DeviceSpec]]()
-lease_manager_key = pytest.StashKey[LeaseManager]()
+from pytest_kcoral.stash import devices_key, lease_manager_key
 
 
 def _worker_id(config: pytest.Config) -> str | None:

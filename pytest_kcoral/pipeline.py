@@ -104,6 +104,11 @@ LeaseFactory = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
 class Executor(Protocol):
+    """Grades items: ``LocalExecutor`` here, ``remote.RemoteExecutor`` on a KCoral service."""
+
+    def start_template(self) -> None:
+        """Start what children are forked from, early (a no-op where there is none)."""
+
     def run(self, spec: ItemSpec) -> ItemResult: ...
 
     def close(self) -> None: ...

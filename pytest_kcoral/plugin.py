@@ -13,17 +13,18 @@ from typing import Any
 
 import pytest
 
-from pytest_kcoral import options
-from pytest_kcoral.candidates import bundled_candidate_at
+from pytest_kcoral import confine, options
+from pytest_kcoral.candidates import bundled_candidate_at, submission_files
 from pytest_kcoral.cases import KERNELBENCH_PROBLEM_FILE, case_folder_for, is_case_folder, is_kernelbench_problem_file
+from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool
+from pytest_kcoral.executors import close_executor, get_executor
+from pytest_kcoral.items import CaseDirectory, KernelBenchProblem, KernelItem
+from pytest_kcoral.lease_plugin import get_devices
 from pytest_kcoral.options import Settings
-
-settings_key = pytest.StashKey[Settings]()
-executor_key = pytest.StashKey[Any]()
-# (case folder, item name, the argument as given) per case id given as an argument
-selection_key = pytest.StashKey[list[tuple[str, str, str]]]()
-# submission files some collected case took -> the ids of the cases that took each
-submissions_matched_key = pytest.StashKey[dict[Path, set[str]]]()
+from pytest_kcoral.remote import RemoteUnavailable, connect
+from pytest_kcoral.sandbox import SandboxUnavailable, find_bwrap
+from pytest_kcoral.session import KcoralSession
+from pytest_kcoral.stash import get_settings, result_key, selection_key, settings_key, settings_or_none, submissions_matched_key
 
 MARKERS = [
     "kcoral: a graded kernel item (pytest-kcoral)",
@@ -46,28 +47,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if (settings.ncu or settings.sanitizer) and not config.option.collectonly:
         _check_diagnostics(config, settings)
     if settings.timer in ("cupti", "events") and not settings.url and not config.option.collectonly:
-        from pytest_kcoral.lease_plugin import get_devices
-
         if not any(d.is_cuda for d in get_devices(config)):  # else every item would fail as its case's fault
             raise pytest.UsageError(f"--kcoral-timer {settings.timer} times CUDA devices, and none is visible here; "
                                     "a CPU is timed by the wall clock (--kcoral-timer wall or auto)")
     if settings.url and not config.option.collectonly:
-        from pytest_kcoral.remote import RemoteUnavailable, connect
-
         try:  # a server that cannot be reached stops the session here, naming the URL
             connect(settings.url)[0].close()
         except RemoteUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
     if settings.sandbox:
-        from pytest_kcoral.sandbox import SandboxUnavailable, find_bwrap
-
         try:
             find_bwrap()  # a missing or broken bwrap stops the session here, never a silent fallback
         except SandboxUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
     if settings.confinement == "landlock" and not settings.url:
-        from pytest_kcoral import confine
-
         status = confine.session_status(settings.confinement)
         if not confine.is_confined(status):  # asked for, so never a silent fallback
             raise pytest.UsageError(f"--kcoral-confinement landlock: children cannot be confined here ({status})")
@@ -77,17 +70,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin("pytest_kcoral.scheduling")
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    from pytest_kcoral.session import KcoralSession
-
     # scores and reports: written once, by the controller (the session object idles on workers)
     config.pluginmanager.register(KcoralSession(config), "kcoral-session")
 
 
 def _check_diagnostics(config: pytest.Config, settings: Settings) -> None:
     """--kcoral-ncu and --kcoral-sanitizer need their tool and a GPU here: say so before grading."""
-    from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool
-    from pytest_kcoral.lease_plugin import get_devices
-
     asked = " and ".join(o for o, on in (("--kcoral-ncu", settings.ncu), ("--kcoral-sanitizer", settings.sanitizer)) if on)
     if settings.url:
         raise pytest.UsageError(f"{asked} runs the tools on this machine's GPUs: not with --kcoral-url")
@@ -121,7 +109,7 @@ def _stop_on_sigterm_as_on_ctrl_c(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:  # xdist controller: hand the session seed on
-    node.workerinput["kcoral_seed"] = node.config.stash[settings_key].seed
+    node.workerinput["kcoral_seed"] = get_settings(node.config).seed
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -165,8 +153,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     selected = config.stash.get(selection_key, None)
     if not selected:
         return
-    from pytest_kcoral.items import KernelItem
-
     matched: set[str] = set()  # the arguments that selected something
 
     def wanted(item: pytest.Item) -> bool:
@@ -204,12 +190,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     cases took: a submission is matched by its case folder's name alone, so ``cases/a/add`` and
     ``cases/b/add`` both grade ``<team>/add.py``, which nobody would guess from the results."""
     config = session.config
-    settings = config.stash[settings_key]
+    settings = get_settings(config)
     workerinput = getattr(config, "workerinput", None)
     if not settings.submissions or (workerinput is not None and workerinput.get("workerid") != "gw0"):
         return  # under xdist every worker collects the same: one of them says it
-    from pytest_kcoral.candidates import submission_files
-
     matched = config.stash.get(submissions_matched_key, {})
     for root in settings.submissions:
         files = submission_files(root)
@@ -238,7 +222,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     """Never let pytest's own collection walk a submissions folder: it would import a team's
     ``test_*.py`` and ``conftest.py`` into the pytest process, and candidates are untrusted code
     that only ever runs in children (``candidates.py`` finds them)."""
-    settings = config.stash.get(settings_key, None)
+    settings = settings_or_none(config)
     if settings is None or not settings.submissions:
         return None
     resolved = collection_path.resolve()
@@ -249,8 +233,6 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     """A KernelBench problem file (``level1/19_ReLU.py``) is a case of its own, found in a walk
     of its folder or given on the command line."""
     if file_path.suffix == ".py" and KERNELBENCH_PROBLEM_FILE.match(file_path.name) and is_kernelbench_problem_file(file_path):
-        from pytest_kcoral.items import KernelBenchProblem
-
         _start_children_early(parent.config)
         return KernelBenchProblem.from_parent(parent, path=file_path)
     return None
@@ -258,8 +240,6 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if is_case_folder(path):
-        from pytest_kcoral.items import CaseDirectory
-
         _start_children_early(parent.config)
         return CaseDirectory.from_parent(parent, path=path)
     return None
@@ -268,7 +248,7 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
 def _start_children_early(config: pytest.Config) -> None:
     """A case will be graded here: start the template children are forked from now, so its
     imports run while the rest is collected (on an xdist worker: that worker's template)."""
-    if config.option.collectonly or config.stash[settings_key].url:
+    if config.option.collectonly or get_settings(config).url:
         return
     get_executor(config).start_template()
 
@@ -276,15 +256,11 @@ def _start_children_early(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
-    from pytest_kcoral.items import KernelItem
-
     if isinstance(item, KernelItem) and report.skipped and type(report.longrepr) is tuple:
         # as pytest does for a skip mark: where the reason lies (the case), not the line of the
         # plugin that raised the skip (-rs read "SKIPPED [6] .../pytest_kcoral/items.py:83: ...")
         report.longrepr = (str(item.case.source), 1, report.longrepr[2])
     if call.when == "call":
-        from pytest_kcoral.items import result_key
-
         result = item.stash.get(result_key, None)
         if result is not None:
             # a plain attribute of the report: pytest-xdist carries it to the controller
@@ -295,48 +271,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    executor = session.config.stash.get(executor_key, None)
-    if executor is not None:
-        executor.close()
-
-
-def get_executor(config: pytest.Config) -> Any:
-    """The session's executor, built on first use so collection-only runs start nothing."""
-    executor = config.stash.get(executor_key, None)
-    url = config.stash[settings_key].url
-    if executor is None and url:
-        from pytest_kcoral.remote import RemoteExecutor
-
-        executor = RemoteExecutor(config.stash[settings_key], url)
-        config.stash[executor_key] = executor
-    if executor is None:
-        from pytest_kcoral.lease_plugin import get_devices, lease_factory
-        from pytest_kcoral.pipeline import LocalExecutor
-
-        devices = get_devices(config)
-        device_kind = "cuda" if any(d.is_cuda for d in devices) else "cpu"
-        settings = config.stash[settings_key]
-        host_gpus = 0
-        if device_kind == "cuda":
-            from pytest_kcoral.devices import host_timing_slots
-            from pytest_kcoral.timing import pinning
-
-            slots = host_timing_slots(devices)
-            host_gpus = len(slots)
-            # before the template starts: it, and every child forked from it, stays off these cores
-            pinning.reserve(slots, settings.timing_cpu)
-        sandbox = None
-        if settings.sandbox:
-            from pytest_kcoral import isolation
-            from pytest_kcoral.sandbox import Sandbox
-
-            sandbox = Sandbox(readonly=[config.rootpath, *settings.submissions], gpu=device_kind == "cuda")
-            config.add_cleanup(sandbox.close)
-            config.add_cleanup(isolation.stop_template)  # runs first: the template lives in the sandbox
-        from pytest_kcoral import cpu_share
-
-        # the processes that may run at once: this session's workers, or one per GPU of the host
-        cpu_threads = settings.cpu_threads or cpu_share.share(max(cpu_share.session_workers(config), host_gpus))
-        executor = LocalExecutor(settings, lease_factory(config), device_kind, sandbox, cpu_threads=cpu_threads)
-        config.stash[executor_key] = executor
-    return executor
+    close_executor(session.config)

@@ -20,12 +20,9 @@ from pytest_kcoral.options import Settings
 from pytest_kcoral.report import compare as compare_mod
 from pytest_kcoral.report import fmt_methods, html, json_artifact, junit_figure, step_summary, terminal
 from pytest_kcoral.results import ItemResult
+from pytest_kcoral.stash import session_key, settings_or_none
 
 COLLECTION_ERROR_LINES = 20
-
-
-# The registered session, for modules that add to it (``config.stash[session_key].lease_history``).
-session_key = pytest.StashKey["KcoralSession"]()
 
 
 def _shorten(text: str, limit: int = COLLECTION_ERROR_LINES) -> str:
@@ -76,9 +73,7 @@ class KcoralSession:
 
     @property
     def settings(self) -> Settings | None:
-        from pytest_kcoral.plugin import settings_key
-
-        return self.config.stash.get(settings_key, None)
+        return settings_or_none(self.config)
 
     def confinement(self) -> str:
         """What confines the children's writes (``confine.session_status``)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import pytest_kcoral
-from pytest_kcoral import lease_plugin
+from pytest_kcoral import lease_plugin, stash
 from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.lease import (
     LeaseError,
@@ -353,7 +353,7 @@ def test_auto_workers_one_per_gpu_else_xdist_default(pytester: pytest.Pytester) 
     if not any(d.is_cuda for d in lease_plugin.get_devices(config)):
         assert lease_plugin.pytest_xdist_auto_num_workers(config) is None  # xdist counts the cores
     # What the hook returns on a two-GPU host (the devices are the only fake here).
-    config.stash[lease_plugin.devices_key] = [DeviceSpec(f"cuda:{i}", f"GPU-{i}", "GPU") for i in range(2)]
+    config.stash[stash.devices_key] = [DeviceSpec(f"cuda:{i}", f"GPU-{i}", "GPU") for i in range(2)]
     assert lease_plugin.pytest_xdist_auto_num_workers(config) == 2
 
 

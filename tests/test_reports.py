@@ -553,7 +553,7 @@ def test_terminal_pass_at_k_partial_and_regressions():
 
 FAKE_PIPELINE = textwrap.dedent("""
     import pytest
-    from pytest_kcoral.session import session_key
+    from pytest_kcoral.stash import session_key
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(config):
