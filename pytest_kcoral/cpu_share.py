@@ -3,17 +3,15 @@
 torch runs its CPU work (the output comparisons in the pytest process; copies and checks in the
 children) on an OpenMP pool as wide as the process's cores, and the pool's threads spin for a while
 after each parallel region. Two xdist workers with pools as wide as the machine fight over every
-core: on the two-GPU H200 host (30 cores left after the timing cores), every phase of the bundled
-cases grew with two workers, the summed lease hold by 15% (101.8 s serially, 117.2 s with two
-workers); with 4 threads per process it was 102.9 s (docs/performance.md, session 7).
+core, and every phase of an item grows (docs/performance.md, "Scaling: the workers' CPU pools
+were what grew every phase").
 
 So the cores are divided among the processes that may run at once: the session's xdist workers,
 or the host's GPUs when there are more of them (other sessions may be grading on those), and each
 of those twice, because a worker's pytest process and its candidate (or trusted) child both hold a
-pool whose threads spin. Dividing by the workers alone, 15 threads per process with two workers,
-still grew the lease hold (98.6 s serially, 117.9 s with two workers); 8 threads per process gave
-91.5 s (session 8). A serial run gets the same share as a parallel one, so the two time the same
-way. ``--kcoral-cpu-threads`` overrides the share.
+pool whose threads spin (docs/performance.md, "Scaling: a worker holds two pools, so the share
+counts both"). A serial run gets the same share as a parallel one, so the two time the same way.
+``--kcoral-cpu-threads`` overrides the share.
 """
 
 from __future__ import annotations

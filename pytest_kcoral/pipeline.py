@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
-from pytest_kcoral import checker, confine, correctness, cpu_share, isolation, speed_of_light, speedup_interval, static_report, timing
+from pytest_kcoral import checker, combine, confine, correctness, cpu_share, isolation, speed_of_light, speedup_interval, static_report
 from pytest_kcoral.candidates import Candidate
 from pytest_kcoral.cases import KERNELBENCH, Case, Shape, changed_case_files
 from pytest_kcoral.child import BASELINE as BASELINE_ROLE
@@ -33,24 +33,23 @@ from pytest_kcoral.isolation import Child, ChildFailure
 from pytest_kcoral.kept_children import KeptCandidates
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS, Settings
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult, TimingStats
-from pytest_kcoral.timing import combine, pinning
+from pytest_kcoral.timing import pinning
 
 # Timed-call samples kept for checking against the reference.
 VERIFIED_TIMED_CALLS = 2
 BASELINE_PROBLEMS_KEPT = 5  # lines of why a baseline is wrong, per item in the JSON
 TIMING_INPUT_SETS = 3
 # Per side, interleaved (see LocalExecutor._time_pair). Short rounds: one process's speed changes
-# within a second or so, and a pair of rounds it slowed is left out (``timing.undisturbed_pairs``);
+# within a second or so, and a pair of rounds it slowed is left out (``combine.undisturbed_pairs``);
 # with more pairs, more of them are left undisturbed.
 TIMING_ROUNDS = 8
 _WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
 # On a GPU, shorter still: a launch-bound chain runs at the host's speed, which changes within tens
-# of milliseconds, and rounds of about 30 ms taken in turns see the same speed on both sides (the
-# pairs of processes' ratios spread 3-4x less than with 125 ms rounds, and 16 ms rounds, with few
-# samples each, did worse: docs/performance.md, session 15). Launch-bound items work on little
-# data. A round takes at least ``min_samples`` samples, each with its inputs' refresh, and sends a
-# kept timed output back, so items whose inputs and results are large keep ``TIMING_ROUNDS``: 32
-# rounds took KernelBench's 4096 GELU-linear (host-built 64 MiB inputs) from 16 to 50 s.
+# of milliseconds, and rounds of about 30 ms taken in turns see the same speed on both sides
+# (docs/performance.md, "shorter rounds on a GPU"). Launch-bound items work on little data. A round
+# takes at least ``min_samples`` samples, each with its inputs' refresh, and sends a kept timed
+# output back, so items whose inputs and results are large keep ``TIMING_ROUNDS``: many rounds of
+# host-built inputs cost more than they settle.
 GPU_ROUND_S = 1 / 32
 GPU_MAX_ROUNDS = 32
 GPU_SHORT_ROUNDS_MAX_BYTES = 1 << 20
@@ -414,9 +413,9 @@ class LocalExecutor:
         commands. Or the case's failure, raised when timing starts (the candidate's compile and
         correctness come first).
 
-        Not the trusted child: the same code timed in the trusted child and in a fresh child that
-        went the candidate's way read 5% apart on an H200 (a 32x256 layer norm, 2.9 us against
-        2.75 us, on every run and host; docs/performance.md). Kept across the case's items, as
+        Not the trusted child: the same code timed there and in a fresh child that went the
+        candidate's way read apart (docs/performance.md, "The short-kernel lean was the trusted
+        child's"). Kept across the case's items, as
         the trusted child is, so a baseline that compiles (``torch.compile``, Triton) compiles
         once per worker, not under the lease of every item. Started before the first item's
         candidate code runs, and only from the case's files as collected
@@ -705,9 +704,9 @@ class LocalExecutor:
         first_sides = self._first_sides(spec)
         pairs = [self._time_pair(candidate, baseline, ref, timed_alike, next(first_sides))]
         # A launch-bound chain runs at the speed of the process it runs in, and a process can sit
-        # at a level 1.5x slower than another's for seconds (docs/performance.md, sessions 12 and
-        # 14): an item the host's speed sets is timed again in fresh pairs of processes, and the
-        # median pair's figures are its own (``timing.combine.median_pair``).
+        # at a slower level than another's for seconds (docs/performance.md, "host-set items in
+        # three pairs of processes"): an item the host's speed sets is timed again in fresh pairs of processes, and the
+        # median pair's figures are its own (``combine.median_pair``).
         while len(pairs) < self._process_pairs_for(pairs):
             pairs.append(self._time_in_fresh_processes(spec, ref, device, tol, timed_alike, candidate.deadline, next(first_sides)))
         floor, cost = self._cost(spec, trusted, device)
@@ -722,7 +721,7 @@ class LocalExecutor:
         all_base = [r for pair in pairs for r in pair.baseline]
         all_cand = [r for pair in pairs for r in pair.candidate]
         # time outside the windows is judged between rounds taken in turns, in every pair
-        timing.charge_outside_work(all_base, all_cand, candidate_stats, keep=combine.rounds_in_turns(pairs))
+        combine.charge_outside_work(all_base, all_cand, candidate_stats, keep=combine.rounds_in_turns(pairs))
         if self.settings.precision is not None:
             taken = ", ".join(str(len(p.candidate)) for p in pairs)
             candidate_stats.flags.append(f"precision_target={self.settings.precision:.2%}: pairs of rounds taken per pair of processes"
@@ -768,10 +767,9 @@ class LocalExecutor:
                    first: str) -> combine.ProcessPair:
         """One pair of processes' timing rounds. Baseline and candidate take turns in rounds,
         ordered ABBA ABBA..., ``first``'s round first, all under one lease: the host's speed
-        drifts within seconds (a five-kernel softmax read 37 us and then 55 us in one process, see
-        docs/performance.md), and a drift then hits both sides alike; a slowdown of one process
+        drifts within seconds (docs/performance.md, "Process noise"), and a drift then hits both sides alike; a slowdown of one process
         alone moves its pair of rounds' ratio, and the pair is left out
-        (``timing.undisturbed_pairs``). Which side goes first need not be neutral (``_alternating_sides``). The candidate
+        (``combine.undisturbed_pairs``). Which side goes first need not be neutral (``_alternating_sides``). The candidate
         keeps timed outputs in every round; one of its fastest round's is checked against the
         reference, and others drawn from the session seed, so no round is safe to cheat in
         (``_timed_outputs_to_check``)."""
@@ -830,7 +828,7 @@ class LocalExecutor:
         """How many pairs of processes the item is timed in, given those timed so far:
         ``--kcoral-process-pairs`` N for every item; under auto one, and ``AUTO_PROCESS_PAIRS``
         when the first pair found the host's speed setting a side's time
-        (``timing.combine.host_set_side``)."""
+        (``combine.host_set_side``)."""
         if self.settings.process_pairs is not None:
             return self.settings.process_pairs
         return AUTO_PROCESS_PAIRS if len(pairs) > 1 or self._host_set(pairs[0]) else 1
@@ -951,14 +949,10 @@ def _alternating_sides(seed: int) -> Iterator[str]:
     """The side whose round comes first in each pair of processes' turns (``_time_pair``): the
     first pair's drawn from ``seed`` (the session seed and the item), then alternating.
 
-    Going first is not neutral. On an H200, the four small GELU-after-Linear items (host-set, five
-    pairs each) read the candidate's side slow in every run with the baseline's round first
-    (the pairs' geometric mean 0.9876 and 0.9925 for identical code, 0.9930 and 0.9880 with two
-    baseline children, A/A) and not with the candidate's first (0.9980 and 1.0041; one host,
-    docs/performance.md, session 19).
-    Alternating cancels such an advantage, whichever side it favours on a host, between an
-    item's pairs of processes; the draw spreads it evenly, in both directions, over items timed
-    in one pair."""
+    Going first need not be neutral: on a GPU the side whose round came first has read fast
+    (docs/performance.md, "the side that goes first in the turns reads fast"). Alternating cancels
+    such an advantage, whichever side it favours on a host, between an item's pairs of processes;
+    the draw spreads it evenly, in both directions, over items timed in one pair."""
     sides = combine.SIDES if seed % 2 == 0 else combine.SIDES[::-1]
     return itertools.cycle(sides)
 
@@ -981,7 +975,7 @@ def _timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[d
                             rng: random.Random) -> list[dict]:
     """``VERIFIED_TIMED_CALLS`` of the candidate's kept timed outputs (``kept_outputs``: per
     round): one of its fastest round's among those that set its time (``kept_rounds``, from
-    ``timing.undisturbed_pairs``; None: all), the rest drawn from all the others. A candidate
+    ``combine.undisturbed_pairs``; None: all), the rest drawn from all the others. A candidate
     that skips its work to be fast is fastest where it skipped, and that round is always checked."""
     timed = [r for r in (range(len(rounds)) if kept_rounds is None else kept_rounds) if kept_outputs[r]]
     if not timed:

@@ -32,18 +32,18 @@ class TimingStats:
     records: int | None = None  # CUPTI: activity records per call
     host_median_us: float | None = None  # synchronized host wall clock per call
     outside_us: float | None = None  # host time per timed call outside its window (refresh, flush, output drop and check)
-    charged_us: float = 0.0  # of that, beyond the baseline's and the slack: added to median_us and min_us (``timing.charge_outside_work``)
+    charged_us: float = 0.0  # of that, beyond the baseline's and the slack: added to median_us and min_us (``combine.charge_outside_work``)
     host_bound: bool = False  # host time far above the GPU span: timed by the host clock
     same_work_every_call: bool | None = None  # every timed call launched the same set of kernels
     flags: list[str] = field(default_factory=list)
     rounds: int = 1  # timing rounds timed, interleaved with the other side's
-    rounds_dropped: int = 0  # of those, left out with the other side's as a disturbed pair (``timing.undisturbed_pairs``)
+    rounds_dropped: int = 0  # of those, left out with the other side's as a disturbed pair (``combine.undisturbed_pairs``)
     round_medians_us: list[float] | None = None  # each round's median, in time order
-    processes: int = 1  # processes it was timed in, one per pair with the other side's (``timing.combine.combine_processes``)
+    processes: int = 1  # processes it was timed in, one per pair with the other side's (``combine.combine_processes``)
     process_medians_us: list[float] | None = None  # with several: each process's median, in time order
     samples_us: list[float] | None = None  # per timed call, in call order (dropped once merged)
     # once merged: the kept samples' quantiles at 0, 1/64, ..., 1 (four significant digits), for
-    # the HTML report's distributions (``timing.combine.sample_quantiles``)
+    # the HTML report's distributions (``combine.sample_quantiles``)
     quantiles_us: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,10 +25,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pytest_kcoral.combine import host_set_side
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 from pytest_kcoral.speed_of_light import largest_shape
 from pytest_kcoral.speedup_interval import mean_of_intervals
-from pytest_kcoral.timing.combine import host_set_side
 
 TIER_WEIGHTS = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 5: 3.0}
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.5, 2.0)
@@ -349,7 +349,7 @@ def _baseline_ok(item: ItemResult) -> bool:
 
 def host_set(item: ItemResult) -> bool:
     """Whether the host's speed sets part of the item's speedup: on its baseline's or its
-    candidate's side (``timing.combine.host_set_side``)."""
+    candidate's side (``combine.host_set_side``)."""
     return any(host_set_side(side) for side in (item.baseline_timing or {}, item.candidate_timing or {}))
 
 

@@ -1,11 +1,11 @@
 """How sure a speedup is: its confidence interval, and whether it is too wide to trust (noisy).
 
 An item's speedup is the median, over the pairs of timing rounds taken in turns, of the baseline
-round's median over the candidate round's (``timing.combine.paired_speedup``). Each such ratio is
+round's median over the candidate round's (``combine.paired_speedup``). Each such ratio is
 one draw of the same measurement, so the interval is the median's distribution-free one: two
 order statistics of the ratios, their ranks from the binomial distribution (``speedup_interval``).
 An item timed in several pairs of processes takes the median pair's speedup
-(``timing.combine.median_pair``); its interval comes from a bootstrap that resamples processes,
+(``combine.median_pair``); its interval comes from a bootstrap that resamples processes,
 then rounds (``processes_interval``), since a process's speed is shared by all its rounds.
 
 Parent side only: it reads the rounds the children sent and decides nothing about them.
@@ -19,8 +19,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_kcoral import combine
 from pytest_kcoral.results import ItemResult, TimingStats
-from pytest_kcoral.timing import combine
 
 CI_LEVEL = 0.95
 # A speedup whose interval reaches more than this far from it (either way, as a share of it) is
@@ -79,8 +79,8 @@ def processes_interval(ratios_by_pair: Sequence[Sequence[float]], level: float =
     percentile bootstrap over both levels: draw the pairs with replacement, then each drawn
     pair's ratios with replacement, and take the same median of medians; the fixed ``seed`` makes
     it reproducible. Resampling processes first keeps what rounds cannot show: a process can run
-    1.5x slower than another for seconds (docs/performance.md, session 12), and all of its rounds
-    with it. None when a pair has no ratio or a bound is not finite and positive; widened to hold
+    slower than another for seconds, and all of its rounds with it (docs/performance.md, "The
+    level changes within a process, in time"). None when a pair has no ratio or a bound is not finite and positive; widened to hold
     the point speedup should the percentiles miss it."""
     pairs = [sorted(r) for r in ratios_by_pair]
     if not pairs or any(not r for r in pairs):

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from pytest_kcoral import combine
 from pytest_kcoral import speedup_interval as si
 from pytest_kcoral.results import ItemResult, TimingStats
-from pytest_kcoral.timing import combine
 
 
 def binomial_coverage(n: int, k: int) -> float:

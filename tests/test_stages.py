@@ -526,7 +526,7 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
 
 def test_gpu_items_with_little_data_take_shorter_rounds():
     """On a GPU the host's speed, which sets a launch-bound chain's time, changes within tens of
-    milliseconds: shorter rounds taken in turns see it alike (docs/performance.md, session 15).
+    milliseconds: shorter rounds taken in turns see it alike (docs/performance.md, "shorter rounds on a GPU").
     Every round takes at least five samples, each refreshing its inputs, so items with large inputs
     and results keep the usual rounds, as does a CPU's wall clock."""
     assert timing_rounds("cuda", 4096, 1.0) == GPU_MAX_ROUNDS == 32
@@ -565,8 +565,8 @@ def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_wa
 
 
 def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pairs_way(make_case, run_kcoral, pytester):
-    """A launch-bound chain runs at the speed of its process, and one process can sit 1.5x slower
-    than another for seconds (docs/performance.md, session 12): ``--kcoral-process-pairs N`` times
+    """A launch-bound chain runs at the speed of its process, and one process can sit slower than
+    another for seconds (docs/performance.md, "The level changes within a process, in time"): ``--kcoral-process-pairs N`` times
     an item in N pairs of processes (auto: five for host-set items on a GPU, one otherwise). Each new
     candidate child loads the candidate and gets the correctness run, each new baseline child the
     same run, and the pairs take turns within themselves, the side that goes first alternating

@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 
 import pytest_kcoral
-from pytest_kcoral import timing
+from pytest_kcoral import combine, timing
 from pytest_kcoral.results import TimingStats
-from pytest_kcoral.timing import combine, stats
+from pytest_kcoral.timing import stats
 
 _real_perf_counter = time.perf_counter
 
@@ -302,7 +302,7 @@ def test_combine_rounds_takes_the_statistics_of_all_samples_together():
                flags=["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=4.00", "rse_target_missed: 0.1 >= 0.005 after 3 samples"])
     b = _round([30.0, 31.0], busy_us=11.0, records=2, host_median_us=40.0, same_work_every_call=False,
                flags=["l2_flush=read:120MiB", "events_sync_bias_subtracted_us=5.00", "host_bound: ..."], host_bound=True)
-    merged = timing.combine_rounds([a, b])
+    merged = combine.combine_rounds([a, b])
     assert merged.n == 5 and merged.rounds == 2 and merged.rounds_dropped == 0
     assert merged.median_us == 12.0 and merged.min_us == 10.0
     assert merged.round_medians_us == [11.0, 30.5]
@@ -321,13 +321,13 @@ def _rounds(medians, method="cupti"):
 
 def test_a_pair_of_rounds_one_process_slowed_is_left_out():
     """A launch-bound chain ran at one of two levels about 1.5x apart, switching within one process
-    (H200, docs/performance.md, session 12): a pair of rounds (one a side, taken in turns) where one
+    (docs/performance.md, "The level changes within a process, in time"): a pair of rounds (one a side, taken in turns) where one
     side was slow has an odd ratio and is left out, on both sides; the median pair decides."""
     base = _rounds([41.0, 57.0, 41.5, 41.2, 58.0, 40.8, 41.1, 41.3])
     cand = _rounds([41.2, 41.0, 41.3, 57.5, 41.0, 41.0, 40.9, 41.4])
-    kept = timing.undisturbed_pairs(base, cand)
+    kept = combine.undisturbed_pairs(base, cand)
     assert kept == [0, 2, 5, 6, 7]  # pairs 1 and 4 (baseline slow) and 3 (candidate slow) left out
-    b, c = timing.combine_rounds(base, keep=kept), timing.combine_rounds(cand, keep=kept)
+    b, c = combine.combine_rounds(base, keep=kept), combine.combine_rounds(cand, keep=kept)
     assert b.rounds == c.rounds == 8 and b.rounds_dropped == c.rounds_dropped == 3 and b.n == c.n == 15
     assert b.median_us / c.median_us == pytest.approx(1.0, abs=0.01)
     assert b.round_medians_us == [r.median_us for r in base]
@@ -336,47 +336,47 @@ def test_a_pair_of_rounds_one_process_slowed_is_left_out():
     for r in cand:
         r.same_work_every_call = True
     cand[3].same_work_every_call, cand[3].flags = False, ["events_side_work: ..."]
-    odd = timing.combine_rounds(cand, keep=kept)
+    odd = combine.combine_rounds(cand, keep=kept)
     assert odd.same_work_every_call is False and "events_side_work: ..." in odd.flags
     # a slowdown of the whole host hits both rounds of a pair: its ratio is fine, the pair stays
-    both = timing.undisturbed_pairs(_rounds([41.0, 60.0, 41.0, 41.0]), _rounds([41.0, 60.5, 41.2, 40.9]))
+    both = combine.undisturbed_pairs(_rounds([41.0, 60.0, 41.0, 41.0]), _rounds([41.0, 60.5, 41.2, 40.9]))
     assert both == [0, 1, 2, 3]
 
 
 def test_which_side_is_first_does_not_change_the_rounds_kept():
     """The window of undisturbed pairs is centred on the median ratio, for an even count the
     geometric mean of the middle two: the same rounds are kept whichever side's ratio is taken.
-    Centred on the lower middle ratio (until session 19), these four pairs kept 0, 1, 2 one way and
-    1, 2, 3 the other."""
+    Centred on the lower middle ratio, these four pairs would keep 0, 1, 2 one way and 1, 2, 3 the
+    other."""
     base = _rounds([38.0, 39.6, 41.2, 41.6])  # ratios to the candidate's 40 us: 0.95, 0.99, 1.03, 1.04
     cand = _rounds([40.0] * 4)
-    assert timing.undisturbed_pairs(base, cand) == timing.undisturbed_pairs(cand, base) == [1, 2, 3]
+    assert combine.undisturbed_pairs(base, cand) == combine.undisturbed_pairs(cand, base) == [1, 2, 3]
     # the middle two over 10% apart: none lies within 5% of their mean, and those two are kept
-    assert timing.undisturbed_pairs(_rounds([30.0, 36.0, 44.8, 50.0]), _rounds([40.0] * 4)) == [1, 2]
+    assert combine.undisturbed_pairs(_rounds([30.0, 36.0, 44.8, 50.0]), _rounds([40.0] * 4)) == [1, 2]
 
 
 def test_one_fast_round_does_not_set_a_speedup():
-    """Trusting a side's fastest round gave a self-speedup of 1.64 on an H200 (session 12): the
-    candidate's first round read 17.4 us, its other seven and all of the baseline's 26.6-30.4 us.
+    """Trusting a side's fastest round read identical code far from 1 on a GPU (docs/performance.md,
+    "A single fast round must not set a time"): here the candidate's first round is fast.
     The median pair decides: that pair is the one left out."""
     base = _rounds([26.6, 29.3, 30.4, 29.2, 29.4, 28.9, 28.7, 28.2])
     cand = _rounds([17.4, 29.4, 30.4, 29.2, 28.9, 29.2, 29.1, 29.0])
-    kept = timing.undisturbed_pairs(base, cand)
+    kept = combine.undisturbed_pairs(base, cand)
     assert 0 not in kept and len(kept) == 7
-    speedup = timing.combine_rounds(base, keep=kept).median_us / timing.combine_rounds(cand, keep=kept).median_us
+    speedup = combine.combine_rounds(base, keep=kept).median_us / combine.combine_rounds(cand, keep=kept).median_us
     assert speedup == pytest.approx(1.0, abs=0.02)
 
 
 def test_the_speedup_is_read_pair_by_pair_of_rounds_taken_in_turns():
-    """The host's speed moves both sides from one round to the next (on an H200 a launch-bound
-    chain by 7-20%, session 16); each pair of rounds, taken about 30 ms apart, sees one speed.
+    """The host's speed moves both sides from one round to the next (a launch-bound chain by
+    several percent); each pair of rounds, taken about 30 ms apart, sees one speed.
     Identical code here reads the same as its partner round in every pair, while the levels drift
     from 40 to 60 us and the sides took different numbers of samples in their rounds (a round is
     bounded by time): the pooled figures disagree by over 10%, the paired speedup reads 1."""
     levels = [40.0, 60.0, 42.0, 58.0, 41.0, 59.0, 43.0, 57.0]
     base = [_round([m] * (6 if m < 50 else 2), "cupti") for m in levels]
     cand = [_round([m] * (2 if m < 50 else 6), "cupti") for m in levels]
-    pooled = timing.combine_rounds(base).median_us / timing.combine_rounds(cand).median_us
+    pooled = combine.combine_rounds(base).median_us / combine.combine_rounds(cand).median_us
     assert not 0.9 < pooled < 1.1
     assert combine.paired_speedup(base, cand) == pytest.approx(1.0)
     # a true 1.25x shows as 1.25 under the same drift
@@ -385,7 +385,7 @@ def test_the_speedup_is_read_pair_by_pair_of_rounds_taken_in_turns():
 
 def test_the_paired_speedup_takes_the_middle_of_an_even_count_not_the_lower_one():
     """The lower middle of 32 ratios read identical code a few tenths of a percent slow every
-    time (H200, session 17): the middle two meet in their geometric mean."""
+    time: the middle two meet in their geometric mean."""
     base, cand = _rounds([90.0, 100.0, 110.0, 120.0]), _rounds([100.0] * 4)
     assert combine.paired_speedup(base, cand) == pytest.approx((1.0 * 1.1) ** 0.5)
     assert combine.paired_speedup(base[:3], cand[:3]) == pytest.approx(1.0)
@@ -417,7 +417,7 @@ def _pair(base_medians, cand_medians):
 
 
 def test_an_item_timed_in_several_pairs_of_processes_takes_the_median_pairs_figures():
-    """Seen on H200 hosts (docs/performance.md, sessions 12 and 14): a process sitting at a slow
+    """Seen on GPU hosts (docs/performance.md, "host-set items in three pairs of processes"): a process sitting at a slow
     level throughout its pair, whose rounds agree with each other so that the paired rounds
     cannot see it, and the host slowing both processes of a pair together. The median pair's
     figures are taken: one pair that ran slow on one side decides nothing, and a pair slowed on
@@ -460,16 +460,16 @@ def test_time_outside_the_windows_is_judged_in_every_pair_even_unpaired_ones():
     assert combine.pair_speedups(pairs)[0] == float("inf")
     stats_ = combine.combine_processes(pairs[:1], "candidate")
     # 3600 us outside against the baseline's 900, less the slack of 50 us + 900 us
-    assert timing.charge_outside_work(base, cand, stats_, keep=combine.rounds_in_turns(pairs[:1])) == pytest.approx(1750.0)
+    assert combine.charge_outside_work(base, cand, stats_, keep=combine.rounds_in_turns(pairs[:1])) == pytest.approx(1750.0)
 
 
 def test_one_pair_of_processes_combines_as_its_rounds_do():
     base = _rounds([41.0, 57.0, 41.5, 41.2, 58.0, 40.8, 41.1, 41.3])
     cand = _rounds([41.2, 41.0, 41.3, 57.5, 41.0, 41.0, 40.9, 41.4])
     pair = combine.ProcessPair(base, cand, first="candidate")
-    kept = timing.undisturbed_pairs(base, cand)
+    kept = combine.undisturbed_pairs(base, cand)
     for side, rounds in (("baseline", base), ("candidate", cand)):
-        combined, alone = combine.combine_processes([pair], side), timing.combine_rounds(rounds, keep=kept)
+        combined, alone = combine.combine_processes([pair], side), combine.combine_rounds(rounds, keep=kept)
         # the same figures, and a record of which side's round came first
         assert combined.flags[:-1] == alone.flags and combined.flags[-1].startswith("first_in_turns=candidate:")
         combined.flags = alone.flags
@@ -478,7 +478,7 @@ def test_one_pair_of_processes_combines_as_its_rounds_do():
 
 
 def test_the_side_that_goes_first_alternates_between_pairs_of_processes():
-    """Going first in the turns need not be neutral (docs/performance.md, sessions 19 and 20): the first
+    """Going first in the turns need not be neutral (docs/performance.md, "the first side alternating"): the first
     pair's first side is drawn from the item's seed, and the pairs after it alternate, so an
     item timed in five pairs has three one way and two the other, and items timed in one pair
     go first on either side about equally often."""
@@ -517,11 +517,11 @@ def test_the_fastest_rounds_timed_output_is_always_checked():
 
 def test_combine_rounds_refuses_mixed_methods_and_empty_input():
     with pytest.raises(ValueError, match="different methods: cupti, events"):
-        timing.combine_rounds([_round([1.0], "cupti"), _round([1.0], "events")])
+        combine.combine_rounds([_round([1.0], "cupti"), _round([1.0], "events")])
     with pytest.raises(ValueError, match="no timing rounds"):
-        timing.combine_rounds([])
+        combine.combine_rounds([])
     with pytest.raises(ValueError, match="no samples"):
-        timing.combine_rounds([TimingStats(method="wall", median_us=1.0)])
+        combine.combine_rounds([TimingStats(method="wall", median_us=1.0)])
 
 
 def test_benchmark_takes_kcorals_trailing_configuration_dict():
@@ -696,31 +696,31 @@ def test_time_outside_the_windows_beyond_the_baselines_is_charged():
     base = rounds(40.0, 40.0, 40.0)
     # within the slack (50 us + the baseline's own 40 us): two processes' noise, nothing charged
     near = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
-    assert timing.charge_outside_work(base, rounds(120.0, 120.0, 120.0), near) == 0.0 and near.median_us == 10.0 and not near.flags
+    assert combine.charge_outside_work(base, rounds(120.0, 120.0, 120.0), near) == 0.0 and near.median_us == 10.0 and not near.flags
     # beyond it: the excess over the slack is the candidate's
     far = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
-    assert timing.charge_outside_work(base, rounds(1130.0, 1130.0, 1130.0), far) == pytest.approx(1000.0)
+    assert combine.charge_outside_work(base, rounds(1130.0, 1130.0, 1130.0), far) == pytest.approx(1000.0)
     assert (far.median_us, far.min_us, far.charged_us) == (pytest.approx(1010.0), pytest.approx(1009.0), pytest.approx(1000.0))
     assert far.flags[0].startswith("outside_window_excess_us=1000.0: the candidate's calls spent 1130.0 us")
     # the median pair decides: one round the host slowed on the candidate's side charges nothing
     once = TimingStats(method="cupti", median_us=10.0, min_us=9.0)
-    assert timing.charge_outside_work(base, rounds(45.0, 5000.0, 41.0), once) == 0.0
+    assert combine.charge_outside_work(base, rounds(45.0, 5000.0, 41.0), once) == 0.0
     # pairs left out (``undisturbed_pairs``) count for nothing either way
-    assert timing.charge_outside_work(base, rounds(45.0, 5000.0, 5000.0), TimingStats(method="cupti", median_us=1.0), keep=[0]) == 0.0
+    assert combine.charge_outside_work(base, rounds(45.0, 5000.0, 5000.0), TimingStats(method="cupti", median_us=1.0), keep=[0]) == 0.0
     # unknown on either side (a remote server of an older harness): nothing
-    assert timing.charge_outside_work(rounds(None, None, None), rounds(1130.0, 1130.0, 1130.0), far) == 0.0
+    assert combine.charge_outside_work(rounds(None, None, None), rounds(1130.0, 1130.0, 1130.0), far) == 0.0
     # on a CPU (the wall clock) the slack is three times the baseline's own and a tenth of the
     # candidate's own median: 50 + 120 + 1 us here
     wall = TimingStats(method="wall", median_us=10.0, min_us=9.0)
-    assert timing.charge_outside_work(base, rounds(200.0, 200.0, 200.0), wall) == 0.0 and wall.charged_us == 0.0
-    assert timing.charge_outside_work(base, rounds(1211.0, 1211.0, 1211.0), wall) == pytest.approx(1000.0)
+    assert combine.charge_outside_work(base, rounds(200.0, 200.0, 200.0), wall) == 0.0 and wall.charged_us == 0.0
+    assert combine.charge_outside_work(base, rounds(1211.0, 1211.0, 1211.0), wall) == pytest.approx(1000.0)
     # a long call (7 ms) keeps 700 us of slack of its own: the caches it left cold
     long_call = TimingStats(method="wall", median_us=7000.0, min_us=6900.0)
-    assert timing.charge_outside_work(base, rounds(900.0, 900.0, 900.0), long_call) == 0.0
-    assert timing.charge_outside_work(base, rounds(1910.0, 1910.0, 1910.0), long_call) == pytest.approx(1000.0)
+    assert combine.charge_outside_work(base, rounds(900.0, 900.0, 900.0), long_call) == 0.0
+    assert combine.charge_outside_work(base, rounds(1910.0, 1910.0, 1910.0), long_call) == pytest.approx(1000.0)
     # on a GPU the candidate's own time buys no slack
     gpu_call = TimingStats(method="cupti", median_us=7000.0, min_us=6900.0)
-    assert timing.charge_outside_work(base, rounds(1130.0, 1130.0, 1130.0), gpu_call) == pytest.approx(1000.0)
+    assert combine.charge_outside_work(base, rounds(1130.0, 1130.0, 1130.0), gpu_call) == pytest.approx(1000.0)
 
 
 def test_every_timed_call_accounts_for_its_time_outside_the_window():

@@ -7,13 +7,13 @@ threshold is a regression, which the session turns into a non-zero exit status.
 A comparison is only as good as its two runs are alike, so it says where they are not:
 
 - a pair whose seen items were timed by other methods in the two runs (CUPTI in one, CUDA events
-  in the other, after a fallback) is *not comparable*: on an H200 the events read the baseline's own
-  code at 1.98x where CUPTI read 1.01x (docs/performance.md, session 7). Its change is shown, never
-  counted as a regression;
+  in the other, after a fallback) is *not comparable*: the two timers can read one kernel far
+  apart (docs/performance.md, "The fallback to CUDA events was silent"). Its change is shown,
+  never counted as a regression;
 - a pair whose mean carries ``~`` in either run (``scoring.host_set``: the host's speed sets part
-  of it) is marked: the items behind such means moved by up to 25% between two identical runs
-  on one host (session 8), so a regression there wants a rerun before it is believed. It still
-  counts;
+  of it) is marked: such means move between two identical runs on one host (docs/performance.md,
+  "Drift: what moves is the same between two identical runs"), so a regression there wants a
+  rerun before it is believed. It still counts;
 - runs on different GPU models are named, since speedups move with the GPU;
 - a pair slower by more than the threshold whose two runs' intervals overlap
   (``CandidateScore.mean_speedup_seen_range``) is *within the noise*: the change may be the

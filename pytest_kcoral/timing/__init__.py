@@ -44,7 +44,6 @@ from typing import Any
 from pytest_kcoral.results import TIMER_METHODS, TimingStats
 from pytest_kcoral.timing import clocks, guards, stats
 from pytest_kcoral.timing.clocks import perf_counter as _perf_counter
-from pytest_kcoral.timing.combine import charge_outside_work, combine_rounds, undisturbed_pairs
 from pytest_kcoral.timing.stats import RSE_TARGET
 
 # Host time this far above the GPU span (beyond the span itself) makes a call host-bound. Triton's
@@ -64,9 +63,6 @@ __all__ = [
     "TimerUnavailable",
     "available_methods",
     "benchmark",
-    "charge_outside_work",
-    "combine_rounds",
-    "undisturbed_pairs",
     "measure",
     "prepare",
 ]

@@ -1,14 +1,13 @@
 """One CPU core for the host side of GPU timing, shared by the baseline and the candidate.
 
 A launch-bound call (several small kernels, or a Python-heavy ``nn.Module``) has the host's launch
-speed inside its GPU span. On the H200 host, five fresh processes timing the same five-kernel
-softmax read 38-61 us (1.62x apart); pinned to one core, 39-51 us (1.32x), and the host time of a
-single launch tightened from 15-21 us to 16-18 us (``bench/process_noise.py``, docs/performance.md).
-The baseline and the candidate run in different processes, so both are pinned to the same core
-while they are timed; which core depends on the GPU's host-wide number (``DeviceSpec.timing_slot``,
-not its index among the visible devices), so workers and sessions timing different GPUs never
-share one. Only the timing thread is pinned (``sched_setaffinity`` of the calling thread), and the old
-affinity is restored afterwards.
+speed inside its GPU span, and processes pinned to one core read it closer together
+(``bench/process_noise.py``, docs/performance.md, "Process noise"). The baseline and the
+candidate run in different processes, so both are pinned to the same core while they are timed;
+which core depends on the GPU's host-wide number (``DeviceSpec.timing_slot``, not its index among
+the visible devices), so workers and sessions timing different GPUs never share one. Only the
+timing thread is pinned (``sched_setaffinity`` of the calling thread), and the old affinity is
+restored afterwards.
 
 Two more things keep the timing thread's core its own (``reserve``, called once per pytest process
 before any child starts):
@@ -18,9 +17,8 @@ before any child starts):
 - the timing cores of every GPU on the host (also those this session does not use), and the
   siblings that share their physical cores, are taken out of the affinity of the pytest process and so of every process it starts afterwards (the template and
   every child forked from it, their CUDA and compiler threads). Only a timing thread pins itself
-  there. With two workers on the two-GPU H200 host, a launch-bound baseline read 15.2 us serially
-  and 31.0 us in parallel, while nothing kept the other worker's compiles and comparisons off the
-  timing core (docs/performance.md, session 6; whether that was the cause is still to be measured).
+  there: another worker's compiles and comparisons on the timing core may slow a launch-bound
+  call (docs/performance.md, "Scaling with THP off and on, same host").
 
 On a CPU device nothing is pinned: there the timed work itself runs on the host, and concurrent
 workers would all land on one core.

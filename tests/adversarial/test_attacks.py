@@ -663,7 +663,7 @@ def test_cache_by_content_never_answers_a_timed_call(make_case, run_kcoral, pyte
 
 def earned_at_most(item: dict) -> float:
     """The speedup a candidate that moved its work out of the timing windows can still earn: the
-    charge leaves it the slack (``timing.charge_outside_work``), named in its flag."""
+    charge leaves it the slack (``combine.charge_outside_work``), named in its flag."""
     import re
 
     (flag,) = [f for f in item["candidate_timing"]["flags"] if f.startswith("outside_window_excess_us=")]

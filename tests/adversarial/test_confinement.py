@@ -116,7 +116,7 @@ def run(a, b):
 @pytest.mark.skipif(ABI < 6, reason=f"signal scoping needs Landlock ABI 6 (Linux 6.12), this kernel has {ABI}")
 def test_signals_out_of_the_child_are_refused(make_case, run_kcoral):
     """From ABI 6 a candidate cannot signal the pytest process, the template or the case's
-    other children (a SIGSTOP of the baseline's child slowed its timing, session 12)."""
+    other children (a SIGSTOP of the baseline's child would slow its timing)."""
     source = f"""
 import os
 def run(a, b):

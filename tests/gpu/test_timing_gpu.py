@@ -109,7 +109,7 @@ def test_host_compute_plus_copy_is_not_credited_with_the_copy_time(method: str) 
     result = timing.measure(call, n_sets=1, device="cuda", method=method, budget_s=0.5)
     # Events: the busy-wait in front of the start event hides the host's time up to its own length
     # (at most MAX_GPU_SLEEP_US), as it should for the launch of a call's first kernel; the rest
-    # of the host compute is in the span. 2838 us on a two-GPU H200 host (session 4).
+    # of the host compute is in the span.
     hidden_us = MAX_GPU_SLEEP_US if method == "events" else 0.0
     assert result.median_us >= 2900 - hidden_us, result
     if method == "cupti":
@@ -146,9 +146,8 @@ def test_events_fallback_is_like_for_like(n: int) -> None:
     events = timing.measure(add_call(sets), n_sets=3, device="cuda", method="events", budget_s=0.4)
     assert events.method == "events"
     assert any(f.startswith("events_sync_bias_subtracted_us") for f in events.flags)
-    # events carry a fixed cost CUPTI's kernel records do not: 4.1 us on a two-GPU H200 host for an
-    # 11.8 us add until the events' own cost (2.9 us there) was subtracted; 1.2 us since
-    # (docs/performance.md, sessions 3 and 4)
+    # events carry a fixed cost CUPTI's kernel records do not; the harness subtracts it
+    # (docs/performance.md, "The events' own cost: confirmed")
     assert abs(events.median_us - cupti.median_us) <= max(0.1 * cupti.median_us, 3.0), (cupti, events)
 
 

@@ -24,19 +24,16 @@ from pytest_kcoral.timing.stats import RSE_TARGET
 
 # A candidate's calls may spend this much more host time outside their windows than the baseline's
 # (the same harness on both sides: input refresh, L2 flush, output drop and check) before the
-# excess is charged to it: beyond the noise of two processes on one host (a launch path can run
-# 1.5x slower in one of them, docs/performance.md), it is work moved where it is not timed.
+# excess is charged to it: beyond the noise of two processes on one host, it is work moved where
+# it is not timed (docs/performance.md, "Time outside the timing windows").
 OUTSIDE_SLACK_US = 50.0
-# of the baseline's own time outside its windows, by timing method. On an H200 the honest excess
-# stayed under 0.42 of it (91 items: bundled candidates against their baselines, and identical
-# ones; docs/performance.md, session 13). On a CPU a long call leaves the host's caches cold for
-# the harness's refresh that follows: Triton's interpreter (5 ms a call) read up to 1.56 of it.
+# of the baseline's own time outside its windows, by timing method: honest code stays well within
+# it on a GPU; on a CPU a long call leaves the host's caches cold for the refresh that follows.
 OUTSIDE_SLACK_FRACTION = {"cupti": 1.0, "events": 1.0, "wall": 3.0}
 # and, by timing method, of the candidate's own time in its windows (its median before any
-# charge): on a CPU the cold caches a long call leaves behind grow with the call, and on the loaded
-# 2-core CI machine an interpreted Triton add (about 7 ms a call) once spent more than three times
-# the baseline's outside time (docs/performance.md, session 18). A cheat that moves part of its
-# work out of its windows keeps at most this share of its own time uncharged: 10% on a CPU.
+# charge): on a CPU the cold caches a long call leaves behind grow with the call (docs/performance.md,
+# "an honest CPU item charged on the loaded CI machine"). A cheat that moves part of its work out of
+# its windows keeps at most this share of its own time uncharged.
 OUTSIDE_SLACK_OF_CALL = {"wall": 0.1}
 
 
@@ -72,10 +69,9 @@ def charge_outside_work(baseline_rounds: Sequence[TimingStats], candidate_rounds
 
 
 # A pair of rounds (one of each side, taken in turns, adjacent in time) was disturbed when its ratio
-# of medians lies more than this from the median of the pairs' ratios. On an H200 host a launch-bound chain ran at
-# one of two levels about 1.5x apart, switching within a process every second or so and in one
-# process only (docs/performance.md, session 12); undisturbed pairs agree within a few percent (a
-# CUPTI step is 32 ns, 3% of a 1 us kernel).
+# of medians lies more than this from the median of the pairs' ratios: a launch-bound chain can
+# switch speed within one process only (docs/performance.md, "The level changes within a process,
+# in time"), while undisturbed pairs agree within a CUPTI step or two.
 DISTURBED_PAIR_SLACK = 0.05
 
 
@@ -84,8 +80,7 @@ def undisturbed_pairs(first: Sequence[TimingStats], second: Sequence[TimingStats
     ``LocalExecutor._time``) to keep: both timed, and their ratio of medians within
     ``DISTURBED_PAIR_SLACK`` of the median ratio (``median_ratio``: for an even count the
     geometric mean of the middle two, so the window is the same whichever side is ``first``; the
-    lower middle one, used until session 19, kept a high ratio's round less readily than a low
-    one's). Where none lies that close (the middle two over 10% apart), the middle two.
+    lower middle one kept a high ratio's round less readily than a low one's). Where none lies that close (the middle two over 10% apart), the middle two.
 
     A slowdown of the whole host hits both rounds of a pair and leaves its ratio alone; one that
     hits one process only moves that pair's ratio, and the pair is left out. The median pair
@@ -201,9 +196,8 @@ def sample_quantiles(ordered: Sequence[float], steps: int = QUANTILE_STEPS) -> l
 
 
 # The GPU idle between launches for this share of a span or more: the host's speed sets part of
-# it. Over the bundled cases' 49 seen items graded on two H200 hosts, every item whose GPU was
-# idle under 5% of its span on both sides moved by at most 4% between the hosts; items with more
-# idle time moved by up to 147% (docs/performance.md, session 7).
+# it, and such items move between hosts where busier ones do not (docs/performance.md, "Which
+# speedups the host sets: now marked").
 HOST_GAP_FRACTION = 0.05
 SIDES = ("baseline", "candidate")
 
@@ -270,12 +264,10 @@ def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Seq
     it. Raises ``ValueError`` when no pair of rounds has samples on both sides.
 
     Each ratio compares two rounds taken about 30 ms apart, so the host's speed, which moves a
-    launch-bound chain by 7-20% from one round to the next, cancels in it; the ratio of the two
-    sides' figures (the samples of every kept round pooled per side) leaves that drift in. On an
-    H200 the pooled ratio read identical code with pairs of processes spread 1.6-2.0%, and 0.4-0.8%
-    slow on the candidate's side; this median, over the same rounds, 1.3% and 0.2-0.4%
-    (docs/performance.md, session 17). The middle of an even count is not the lower one: the
-    lower middle of 32 ratios reads a few tenths of a percent low every time."""
+    launch-bound chain from one round to the next, cancels in it; the ratio of the two sides'
+    figures (the samples of every kept round pooled per side) leaves that drift in
+    (docs/performance.md, "the speedup read pair by pair of rounds"). The middle of an even count
+    is not the lower one, which reads low every time."""
     ratios = round_ratios(baseline_rounds, candidate_rounds)
     if not ratios:
         raise ValueError("no pair of timing rounds has samples on both sides")
@@ -334,9 +326,9 @@ def rounds_in_turns(pairs: Sequence[ProcessPair]) -> list[int]:
 def median_pair(pairs: Sequence[ProcessPair]) -> int:
     """The pair of processes whose speedup is the median of the pairs' (the lower of the middle
     two for an even count: the candidate gets no benefit of the doubt). A launch-bound chain
-    runs at the speed of its process, and a process can sit 1.5x slower than another for seconds
-    (docs/performance.md, session 12); the host's speed also moves both processes of a pair
-    together, which the pair's rounds, taken in turns, cancel (session 14). So one pair that ran
+    runs at the speed of its process, and a process can sit slower than another for seconds; the
+    host's speed also moves both processes of a pair together, which the pair's rounds, taken in
+    turns, cancel (docs/performance.md, "host-set items in three pairs of processes"). So one pair that ran
     slow on one side decides nothing, and the figures are one pair's, whose ratio is the
     speedup: pooling the pairs' rounds would mix levels on each side."""
     if len(pairs) == 1:
