@@ -15,7 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pytest_kcoral.cases import GPUMODE, KCORAL_BENCH, KERNELBENCH, NamedFiles, helpers_folder, import_case_module
+from pytest_kcoral.case_files import NamedFiles, import_case_module
+from pytest_kcoral.cases import GPUMODE, KCORAL_BENCH, KERNELBENCH, helpers_folder
 
 
 class CandidateError(Exception):

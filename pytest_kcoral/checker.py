@@ -13,13 +13,20 @@ The parent side asks (``trial_problems``, ``timed_problems``); the trusted child
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from pytest_kcoral.correctness import structure_leaves
+from pytest_kcoral.messages import Check, CheckOutputs, CheckReply, TimedOutput
 
 # A checker's message is shown on failure: GPU MODE's list the first mismatches, keep them whole
 MESSAGE_LIMIT_CHARS = 1500
 
-TrustedCall = Callable[..., tuple[dict[str, Any], Any]]  # (cmd, phase, **fields) -> (header, payload)
+
+class TrustedCall(Protocol):
+    """Sends a ``check`` command to the case's trusted child, in a phase, and returns its reply."""
+
+    def __call__(self, command: Check, phase: str) -> CheckReply: ...
 
 
 # -- the pytest process -------------------------------------------------------------------------
@@ -40,13 +47,13 @@ def trial_problems(call: TrustedCall, shape: dict[str, Any], device: str, seeds:
     return problems
 
 
-def timed_problems(call: TrustedCall, shape: dict[str, Any], device: str, verify: Sequence[dict[str, Any]], structure: Any) -> list[list[str]]:
+def timed_problems(call: TrustedCall, shape: dict[str, Any], device: str, verify: Sequence[TimedOutput], structure: Any) -> list[list[str]]:
     """Per kept timed call, the checker's message on its outputs for its seed (``structure``:
     the reference's, which the correctness stage found the candidate's outputs shaped like)."""
-    problems: list[list[str]] = [["no outputs came back"] if v["outputs"] is None else [] for v in verify]
-    asked = [n for n, v in enumerate(verify) if v["outputs"] is not None]
+    problems: list[list[str]] = [["no outputs came back"] if v.outputs is None else [] for v in verify]
+    asked = [n for n, v in enumerate(verify) if v.outputs is not None]
     if asked:
-        verdicts = _ask(call, "verify", shape, device, [verify[n]["seed"] for n in asked], [verify[n]["outputs"] for n in asked],
+        verdicts = _ask(call, "verify", shape, device, [verify[n].seed for n in asked], [verify[n].outputs for n in asked],
                         [structure] * len(asked))
         for n, verdict in zip(asked, verdicts):
             problems[n] = verdict
@@ -55,12 +62,11 @@ def timed_problems(call: TrustedCall, shape: dict[str, Any], device: str, verify
 
 def _ask(call: TrustedCall, phase: str, shape: dict[str, Any], device: str, seeds: list[int], outputs: list[Any],
          structures: list[Any]) -> list[list[str]]:
-    header, _ = call("check", phase, payload={"outputs": [list(o) for o in outputs]}, shape=shape, device=device, seeds=seeds,
-                     structures=structures)
-    verdicts = header.get("verdicts")
-    if not (isinstance(verdicts, list) and len(verdicts) == len(seeds)):
-        raise RuntimeError(f"the trusted child answered the check with {str(verdicts)[:200]}")
-    return [list(v) for v in verdicts]
+    reply = call(Check(shape=shape, device=device, seeds=seeds, structures=structures, payload=CheckOutputs(outputs=[list(o) for o in outputs])),
+                 phase)
+    if len(reply.verdicts) != len(seeds):
+        raise RuntimeError(f"the trusted child answered the check with {str(reply.verdicts)[:200]}")
+    return reply.verdicts
 
 
 def unwritten_elements(outputs: Sequence[Any], reference: Sequence[Any]) -> list[str]:
@@ -85,19 +91,17 @@ def unwritten_elements(outputs: Sequence[Any], reference: Sequence[Any]) -> list
 # -- the trusted child --------------------------------------------------------------------------
 
 
-def check_outputs(case: Any, header: dict[str, Any], payload: Any) -> dict[str, Any]:
+def check_outputs(case: Any, command: Check) -> list[list[str]]:
     """The ``check`` command: per seed, the case's inputs made again, the candidate's outputs
     rebuilt in the structure it returned them in, and the checker's verdict on them."""
-    import torch
-
-    from pytest_kcoral.correctness import structure_leaves
+    import torch  # here, not at the top: the pytest process imports this module too
 
     verdicts = []
-    for seed, leaves, structure in zip(header["seeds"], payload["outputs"], header["structures"]):
+    for seed, leaves, structure in zip(command.seeds, command.payload.outputs, command.structures):
         if structure_leaves(structure) != len(leaves):
             verdicts.append([f"returned {len(leaves)} output value(s), shaped unlike the reference's"])
             continue
-        args = case.make_inputs(header["shape"], seed)
+        args = case.make_inputs(command.shape, seed)
         values = [v.to(case.device) if isinstance(v, torch.Tensor) else v for v in leaves]
         try:
             output = rebuild(structure, values)
@@ -105,7 +109,7 @@ def check_outputs(case: Any, header: dict[str, Any], payload: Any) -> dict[str, 
         except Exception as exc:  # noqa: BLE001 - a checker that raises on an output rejects it
             verdict = [f"the problem's check_implementation raised {type(exc).__name__} on this output: {exc}"[:MESSAGE_LIMIT_CHARS]]
         verdicts.append(verdict)
-    return {"verdicts": verdicts}
+    return verdicts
 
 
 def problems_of(verdict: Any) -> list[str]:

@@ -16,16 +16,37 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import os
+import subprocess
 import sys
 import traceback
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_kcoral import confine, leftovers, protocol, tamper
-from pytest_kcoral.timing import guards, pinning, placement
+from pytest_kcoral import child_trusted, confine, correctness, leftovers, protocol, tamper, timing
+from pytest_kcoral.case_runtime import BaselineRuntime, CandidateError, CandidateRuntime, CaseRuntime
+from pytest_kcoral.child_outputs import aliases, clone_values, flatten_outputs, inspect_outputs, keep_large_allocations_on_heap, poison, synchronize, to_cpu
+from pytest_kcoral.child_timing import TimingSets, new_timing_sets, sets_key, time_round
+from pytest_kcoral.messages import (
+    Check,
+    Command,
+    Cost,
+    ErrorInfo,
+    Finish,
+    Finished,
+    LoadBaseline,
+    LoadCandidate,
+    Loaded,
+    Message,
+    MessageError,
+    Reference,
+    Run,
+    RunReply,
+    RunResults,
+    Time,
+    parse_command,
+)
+from pytest_kcoral.timing import guards
 
 TRUSTED = "trusted"
 CANDIDATE = "candidate"
@@ -82,7 +103,7 @@ def main(conn: Connection, stdout: Connection, stderr: Connection, role: str, wo
     # place of the case's checked source, in the trusted child and the baseline's
     sys.pycache_prefix = os.path.join(workdir, "pycache")
     if role in (CANDIDATE, BASELINE):
-        _keep_large_allocations_on_heap()
+        keep_large_allocations_on_heap()
     if role in (TRUSTED, BASELINE):
         _compile_without_shared_caches(workdir)
     try:
@@ -138,19 +159,21 @@ def _compile_without_shared_caches(workdir: str) -> None:
 
 
 def _error_reply(exc: BaseException) -> dict[str, Any]:
+    """A failed command's reply header (``ok`` false, an ``ErrorInfo``), from what it raised."""
     # the harness's own frames say nothing to the kernel author: keep the candidate's and the case's
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith((_HARNESS_DIR, "<frozen"))]
     tb = traceback.format_list(frames[-10:]) + traceback.format_exception_only(type(exc), exc)
-    return {
-        "ok": False,
-        "error": {
-            "type": type(exc).__name__,
-            "message": _exit_message(exc) if isinstance(exc, SystemExit) else str(exc)[:4000],
-            "traceback": "".join(tb)[-6000:],
-            "compile_error": _is_compile_error(exc),
-            "needs_cuda": _needs_cuda(exc),
-        },
-    }
+    return _failed(ErrorInfo(
+        type=type(exc).__name__,
+        message=_exit_message(exc) if isinstance(exc, SystemExit) else str(exc)[:4000],
+        traceback="".join(tb)[-6000:],
+        compile_error=_is_compile_error(exc),
+        needs_cuda=_needs_cuda(exc),
+    ))
+
+
+def _failed(error: ErrorInfo) -> dict[str, Any]:
+    return {"ok": False, "error": error.to_wire()[0]}
 
 
 def _exit_message(exc: SystemExit) -> str:
@@ -161,10 +184,6 @@ def _is_compile_error(exc: BaseException) -> bool:
     """Compiler errors that surface at the first call count as compile failures, and so does a
     candidate found at its first call not to have a candidate's shape (a ``prepare()`` that returns
     no callable): neither ever built something to run."""
-    import subprocess
-
-    from pytest_kcoral.case_runtime import CandidateError
-
     chain = [exc]
     while chain[-1].__cause__ is not None and len(chain) < 8:
         chain.append(chain[-1].__cause__)
@@ -192,12 +211,10 @@ def _needs_cuda(exc: BaseException) -> bool:
 
 
 class _Runner:
-    def __init__(self, role: str, case_spec: dict[str, Any]) -> None:
-        import torch
+    """Serves one child's commands: parsed strictly (``messages.py``), run, audited, answered."""
 
-        # loaded before candidate code, so the tamper snapshot covers the comparison it runs here
-        from pytest_kcoral import correctness, timing  # noqa: F401
-        from pytest_kcoral.case_runtime import CaseRuntime
+    def __init__(self, role: str, case_spec: dict[str, Any]) -> None:
+        import torch  # here, not at the top: the pytest process imports this module too
 
         # the timers' clocks, synchronize and CUPTI entry points, taken before candidate code loads
         timing.prepare(case_spec.get("device_kind", "cpu"))
@@ -212,12 +229,11 @@ class _Runner:
         self.role = role
         self.case = CaseRuntime(case_spec)
         self.device = self.case.device
-        self.candidate: Any = None
+        self.candidate: CandidateRuntime | BaselineRuntime | None = None
         # what the harness itself runs and relies on, taken before any candidate code loads
         self.baseline: leftovers.Baseline | None = None
         self.snapshot: tamper.Snapshot | None = None
-        # (key, seeds, input sets, bound callables, placements) of the timing rounds: see ``_time``
-        self._timing_sets: tuple[Any, list[int], list[tuple], list[Callable[[], Any]], placement.Placements] | None = None
+        self._timing_sets: TimingSets | None = None  # the item's timing input sets (``child_timing``)
 
     def serve(self, conn: Connection) -> None:
         while True:
@@ -245,20 +261,43 @@ class _Runner:
         """Run one command and audit afterwards: the reply (``ok`` true or false) and its payload.
 
         Shared by the pipe loop above and the KCoral runner (``remote_runner.py``)."""
-        cmd = header.get("cmd")
-        handler = getattr(self, f"_cmd_{cmd}", None)
-        if handler is None:
-            return {"ok": False, "error": {"type": "ProtocolError", "message": f"unknown command {cmd!r}"}}, None
         try:
-            if header.get("device"):
-                self._use_device(header["device"])
-            reply, reply_payload = handler(header, payload)
+            command = parse_command(header, payload)
+        except MessageError as exc:
+            return _failed(ErrorInfo(type="ProtocolError", message=str(exc))), None
+        try:
+            device = getattr(command, "device", None)
+            if device:
+                self._use_device(device)
+            reply = self._serve(command)
             detected = self._audit()
         except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
             return _error_reply(exc), None
         if detected:
-            return {"ok": False, "error": {"type": "Detected", "message": "; ".join(detected), "detected": True}}, None
-        return dict(reply, ok=True), reply_payload
+            return _failed(ErrorInfo(type="Detected", message="; ".join(detected), detected=True)), None
+        reply_header, reply_payload = reply.to_wire()
+        return dict(reply_header, ok=True), reply_payload
+
+    def _serve(self, command: Command[Any]) -> Message:
+        """The command's reply, from the role's handler (a command of another role raises)."""
+        if isinstance(command, (Reference, Check, Cost)):
+            self._require(TRUSTED)
+            if isinstance(command, Reference):
+                return child_trusted.reference(self.case, command)
+            if isinstance(command, Check):
+                return child_trusted.check(self.case, command)
+            return child_trusted.cost(self.case, command, self.device)
+        if isinstance(command, LoadCandidate):
+            return self._load_candidate(command)
+        if isinstance(command, LoadBaseline):
+            return self._load_baseline()
+        if isinstance(command, Run):
+            return self._run(command)
+        if isinstance(command, Time):
+            return self._time(command)
+        if isinstance(command, Finish):
+            return self._finish()
+        raise RuntimeError(f"no handler for the command {command.op!r}")
 
     def _audit(self) -> list[str]:
         """After candidate code ran: what it left running and which harness functions it replaced."""
@@ -276,442 +315,103 @@ class _Runner:
         if device == self.device:
             return
         if device.startswith("cuda"):
-            import torch
+            import torch  # as in ``__init__``
 
             torch.cuda.set_device(torch.device(device))
         self.device = self.case.device = device
 
-    # -- trusted role -----------------------------------------------------------------------
+    def _require(self, *roles: str) -> None:
+        if self.role not in roles:
+            raise RuntimeError(f"command needs a {' or '.join(roles)} child, this one is {self.role}")
 
-    def _cmd_reference(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
-        """Inputs and the reference's outputs for each seed. With ``tolerance`` ([atol, rtol,
-        strict]) also the verdicts that need nothing from a candidate, reached here on the device
-        so the tensors they read never cross the wire: the baseline's problems against the
-        reference (with ``baseline``), whether the reference is weak, and whether it is unsteady
-        (a second call on the first input set disagrees with the first call). For the INPLACE
-        inputs (``inplace``) the reference writes, their values after its call (``written``)."""
-        from pytest_kcoral import correctness
+    def _loaded(self) -> CandidateRuntime | BaselineRuntime:
+        if self.candidate is None:
+            raise RuntimeError("no candidate loaded: load_candidate (or load_baseline) comes first")
+        return self.candidate
 
-        self._require(TRUSTED)
-        shape = header["shape"]
-        tol = correctness.Tolerance(*header["tolerance"]) if header.get("tolerance") else None
-        inplace = set(header.get("inplace") or ())
-        # the inputs whose values after the call are kept: those asked for (the timed calls' check
-        # compares what the correctness stage found written), else every INPLACE one
-        kept_inputs = header["written_inputs"] if "written_inputs" in header else sorted(inplace)
-        inputs, refs, baseline_problems, weak, structure, unsteady = [], [], [], False, 0, []
-        baseline_raised = False
-        output_aliases: set[tuple[int, int]] = set()
-        after_calls, written = [], set()
-        for t, seed in enumerate(header["seeds"]):
-            args = self.case.make_inputs(shape, seed)
-            _check_inplace_indices(inplace, args)
-            ref_args = _clone(args)
-            ref, structure = flatten_outputs(self.case.reference(shape, ref_args))
-            _require_plain_outputs(ref, "reference")
-            # an output the reference returns as one of its inputs (``return a.add_(b)``, a no-op
-            # ``x.to(x.dtype)``, GPU MODE's ``c[...] = a @ b; return c``): a candidate may too
-            output_aliases.update(_aliases(ref, ref_args))
-            # an INPLACE input the reference writes is a result (``x.add_(y)``), not scratch
-            wrote = [j for j, _ in correctness.changed_inputs(args, ref_args) if j in inplace]
-            written.update(wrote)
-            after_calls.append(dict(zip(kept_inputs, _to_cpu(tuple(ref_args[j] for j in kept_inputs)))))
-            if tol is not None:
-                if t == 0:  # no candidate can match a reference that answers one input two ways
-                    unsteady = correctness.compare_outputs(_leaves(self.case.reference(shape, _clone(args))), ref, tol)
-                weak = weak or correctness.is_weak_reference(ref, tol)
-                if header.get("baseline"):
-                    problems, raised = self._baseline_problems(shape, args, ref, tuple(ref_args[j] for j in wrote), wrote, inplace, tol)
-                    baseline_problems += [f"trial {t + 1}: {p}" for p in problems]
-                    baseline_raised = baseline_raised or raised
-            refs.append(_to_cpu(ref))
-            inputs.append(_to_cpu(args))
-        # in every trial, once one trial wrote it
-        written_inputs = header["written_inputs"] if "written_inputs" in header else sorted(written)
-        reply = {"baseline_problems": baseline_problems, "baseline_raised": baseline_raised, "weak": weak, "structure": structure,
-                 "unsteady": unsteady[:3], "written_inputs": written_inputs, "output_aliases": sorted(output_aliases)}
-        return reply, {"inputs": inputs, "reference": refs,
-                       "written": [tuple(after[j] for j in written_inputs) for after in after_calls]}
+    # -- the baseline's role -----------------------------------------------------------------
 
-    def _baseline_problems(self, shape: dict, args: tuple, ref: tuple, ref_written: tuple, wrote: list[int], inplace: set[int],
-                           tol: Any) -> tuple[list[str], bool]:
-        """The baseline against the reference, as a candidate is held to it: its outputs, the
-        INPLACE inputs the reference wrote (``wrote``, as ``ref_written``), and no input outside
-        ``inplace`` changed. The problems, and whether the baseline raised (or exited) instead of
-        answering: such a baseline cannot be timed on the shape either."""
-        from pytest_kcoral import correctness
-
-        base_args = _clone(args)
-        try:
-            base = _leaves(self.case.baseline(shape, base_args))
-        except SystemExit as exc:  # would read as the reference's failure: the command's phase is 'reference'
-            return [f"the baseline called sys.exit({exc.code!r})"], True
-        except Exception as exc:  # a failing baseline is a finding, not a harness error
-            return [f"{type(exc).__name__}: {exc}"[:500]], True
-        problems = correctness.compare_outputs(base, ref, tol)
-        problems += correctness.compare_outputs(tuple(base_args[j] for j in wrote), ref_written, tol, correctness.written_input_names(wrote))
-        problems += correctness.describe_changed_inputs(correctness.changed_inputs(args, base_args), sorted(inplace))
-        return problems, False
-
-    def _cmd_check(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
-        """The case's own verdict on a candidate's outputs, per seed (GPU MODE's
-        ``check_implementation``): see ``checker.py``."""
-        from pytest_kcoral import checker
-
-        self._require(TRUSTED)
-        return checker.check_outputs(self.case, header, payload), None
-
-    def _cmd_cost(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
-        """The case's cost at the shape and the physical floor its bytes allow (a bandwidth
-        measurement on the device, so under the lease)."""
-        from pytest_kcoral import physical_floor, speed_of_light
-
-        self._require(TRUSTED)
-        try:
-            cost = speed_of_light.valid_cost(self.case.cost(header["shape"]))
-        except Exception:  # noqa: BLE001 - said at collection (cases._check_cost); timed without it
-            cost = None
-        reply: dict[str, Any] = {"cost": cost}
-        if cost and cost.get("bytes"):
-            reply["floor"] = physical_floor.measure(cost["bytes"], self.device)
-        return reply, None
-
-    # -- baseline role ----------------------------------------------------------------------
-
-    def _cmd_load_baseline(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+    def _load_baseline(self) -> Loaded:
         """The baseline in place of a candidate: the commands after this one (``run``, ``time``,
         ``finish``) are the candidate's, audits included."""
         self._require(BASELINE)
-        from pytest_kcoral.case_runtime import BaselineRuntime
-
         self.baseline = leftovers.Baseline.take()
         self.snapshot = tamper.Snapshot.take()
         self.candidate = BaselineRuntime(self.case)
-        return {"entry": self.candidate.entry}, None
+        return Loaded(entry=self.candidate.entry)
 
-    # -- candidate role ---------------------------------------------------------------------
+    # -- the candidate's role ----------------------------------------------------------------
 
-    def _cmd_load_candidate(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+    def _load_candidate(self, command: LoadCandidate) -> Loaded:
         """Import the candidate, or, in a kept child that already holds it (``pipeline`` keeps a
         candidate's child across its items), build it for the next item's shape: the audits'
         snapshots stay those taken before its first import."""
         self._require(CANDIDATE)
-        from pytest_kcoral.case_runtime import CandidateRuntime
-
-        if isinstance(self.candidate, CandidateRuntime) and str(self.candidate.path) == header["path"]:
-            self.candidate.build_for(header["shape"])
-            return {"entry": self.candidate.entry, "kept": True}, None
+        if isinstance(self.candidate, CandidateRuntime) and str(self.candidate.path) == command.path:
+            self.candidate.build_for(command.shape)
+            return Loaded(entry=self.candidate.entry, kept=True)
         if self.candidate is not None:
-            raise RuntimeError(f"this child holds {self.candidate.path}, not {header['path']}")
+            raise RuntimeError(f"this child holds {getattr(self.candidate, 'path', 'the baseline')}, not {command.path}")
         self.baseline = leftovers.Baseline.take()
         self.snapshot = tamper.Snapshot.take()
-        self.candidate = CandidateRuntime(header["path"], self.case, header["shape"])
-        return {"entry": self.candidate.entry}, None
+        self.candidate = CandidateRuntime(command.path, self.case, command.shape)
+        return Loaded(entry=self.candidate.entry)
 
-    def _cmd_finish(self, _header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+    def _finish(self) -> Finished:
         """The parent's last word with a child for an item: the audit runs after it, as after any
         command. The item's timing sets go: a kept child (the case's baseline child, a candidate's
         child kept for its next item) then draws new sets and placements for its next item, and
         holds no device memory and no queued work while it waits."""
         self._timing_sets = None
         if str(self.device).startswith("cuda"):
-            import torch
+            import torch  # as in ``__init__``
 
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-        return {}, None
+        return Finished()
 
-    def _cmd_run(self, header: dict[str, Any], payload: Any) -> tuple[dict, Any]:
+    def _run(self, command: Run) -> RunReply:
         """Run the candidate once per input set; report outputs, the inputs it changed and findings."""
         self._require(CANDIDATE, BASELINE)
-        import torch
+        import torch  # as in ``__init__``
 
-        from pytest_kcoral import correctness
-
-        self._timing_sets = None  # an item's timing draws its own sets (see ``_cmd_finish``)
-        shape = header["shape"]
-        written_inputs = header.get("written_inputs") or []
-        allowed_aliases = {(int(i), int(j)) for i, j in header.get("allowed_aliases") or ()}
-        outputs, inputs_changed, findings, structures, written, aliases = [], [], [], [], [], []
-        for cpu_args in payload["inputs"]:
+        candidate = self._loaded()
+        self._timing_sets = None  # an item's timing draws its own sets (see ``_finish``)
+        shape, device = command.shape, self.device
+        written_inputs = command.written_inputs
+        allowed_aliases = {(int(i), int(j)) for i, j in command.allowed_aliases}
+        outputs, inputs_changed, findings, structures, written, output_aliases = [], [], [], [], [], []
+        for cpu_args in command.payload.inputs:
             # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
             # wrote: a copy made on the device, not a second transfer from the host
-            args = tuple(t.to(self.device, copy=True) if isinstance(t, torch.Tensor) else t for t in cpu_args)
-            before = _clone(args)
-            fn = self.candidate.bind(shape, args)
-            _poison(header.get("poison_bytes", []), self.device)
+            args = tuple(t.to(device, copy=True) if isinstance(t, torch.Tensor) else t for t in cpu_args)
+            before = clone_values(args)
+            fn = candidate.bind(shape, args)
+            poison(command.poison_bytes, device)
             with guards.gc_disabled():  # as in the timing loop: gc's state cannot tell checked calls from timed ones
                 out = fn()
-                _synchronize(self.device)
+                synchronize(device)
             # flattened once: a container of the candidate's could yield other values a second time
             out_tuple, structure = flatten_outputs(out)
-            problems = _inspect_outputs(out_tuple, args, self.device, allowed_aliases)
+            problems = inspect_outputs(out_tuple, args, device, allowed_aliases)
             structures.append(structure)
             findings.append(problems)
-            outputs.append(_to_cpu(out_tuple) if not problems else None)
-            written.append(_to_cpu(tuple(args[j] for j in written_inputs)) if not problems else None)
+            outputs.append(to_cpu(out_tuple) if not problems else None)
+            written.append(to_cpu(tuple(args[j] for j in written_inputs)) if not problems else None)
             inputs_changed.append(correctness.changed_inputs(before, args))
             # which outputs are inputs: a GPU MODE kernel may write the output buffer its data carries
             # (only for plain dense outputs: a sparse one, say, has no storage to compare)
-            aliases.append([list(pair) for pair in sorted(_aliases(out_tuple, args))] if not problems else [])
-        return ({"findings": findings, "inputs_changed": inputs_changed, "structures": structures, "output_aliases": aliases,
-                 "parameters_differ": self.candidate.parameters_differ},
-                {"outputs": outputs, "written": written})
+            output_aliases.append([list(pair) for pair in sorted(aliases(out_tuple, args))] if not problems else [])
+        return RunReply(findings=findings, inputs_changed=inputs_changed, structures=structures, output_aliases=output_aliases,
+                        parameters_differ=getattr(candidate, "parameters_differ", None),
+                        payload=RunResults(outputs=outputs, written=written))
 
-    def _cmd_time(self, header: dict[str, Any], _payload: Any) -> tuple[dict, Any]:
+    def _time(self, command: Time) -> Message:
+        """One timing round (``child_timing``). The baseline's kept outputs are kept as the
+        candidate's are, and not sent: nothing checks them."""
         self._require(CANDIDATE, BASELINE)
-        # the baseline's kept outputs are kept as the candidate's are, and not sent: nothing checks them
-        return self._time(header, self.candidate.bind, send_kept=header.get("send_kept", True) is not False)
-
-    # -- shared -----------------------------------------------------------------------------
-
-    def _time(self, header: dict[str, Any], bind: Callable[[dict, tuple], Callable[[], Any]], send_kept: bool = True) -> tuple[dict, Any]:
-        """Time a callable over rotating input sets whose values are refreshed before every call.
-
-        Each refresh draws a fresh seed, so neither a pointer- nor a content-keyed cache can answer
-        a timed call; a few timed calls, picked at random, are kept with their seeds so the parent
-        can check them against the reference. With ``send_kept`` False they are kept all the same
-        (keeping allocates between timed calls, and a small kernel's time follows where its
-        outputs land), then dropped unsent.
-        """
-        from pytest_kcoral import timing
-
-        shape = header["shape"]
-        n_sets = int(header.get("n_sets", 3))
-        # The input sets live across an item's timing rounds (the parent sends one ``time``
-        # command per round): a fresh set per round would hand a pointer-keyed cache fresh
-        # pointers, whose first use it answers correctly, in every round.
-        key = (json.dumps(shape, sort_keys=True), n_sets, self.device)
-        if self._timing_sets is None or self._timing_sets[0] != key:
+        candidate = self._loaded()
+        if self._timing_sets is None or self._timing_sets.key != sets_key(command, self.device):
             self._timing_sets = None  # the old shape's sets go before the new ones are made
-            spread = placement.Placements(self.device, _rng)
-            seeds = [_rng.getrandbits(62) for _ in range(n_sets)]
-            sets = spread.make_sets(lambda seed: self.case.make_inputs(shape, seed), seeds,
-                                    lambda: _rng.getrandbits(62))
-            self._timing_sets = (key, seeds, sets, [bind(shape, args) for args in sets], spread)
-        _, seeds, sets, fns, spread = self._timing_sets
-        kept: list[dict[str, Any]] = []
-        keep = int(header.get("verify", 2))
-        written_inputs = header.get("written_inputs") or []
-        seen_samples = 0
-
-        def refresh(k: int) -> None:
-            seeds[k] = _rng.getrandbits(62)
-            fresh = self.case.make_inputs(shape, seeds[k])
-            for dst, src in zip(sets[k], fresh):
-                if hasattr(dst, "copy_"):
-                    dst.copy_(src)
-
-        def on_output(k: int, out: Any) -> None:
-            nonlocal seen_samples
-            seen_samples += 1
-            # every timed call's outputs, before anything touches them: a lazy object or a
-            # subclass would do its work when the harness copies or checks it, outside the window
-            problems = _inspect_outputs(_leaves(out), (), self.device)
-            if problems:
-                raise TimedOutputRefused(f"timed call {seen_samples}: " + "; ".join(problems))
-            spread.keep_output(k, out)
-            # reservoir sample of the timed calls: any one of them may be the one checked
-            # a copy: a kernel that writes into one preallocated output overwrites it at the next call
-            if len(kept) < keep or _rng.random() < keep / seen_samples:
-                entry = {"seed": seeds[k], "out": _clone_outputs(out), "written": _clone(tuple(sets[k][j] for j in written_inputs))}
-                if len(kept) < keep:
-                    kept.append(entry)
-                else:
-                    kept[_rng.randrange(keep)] = entry
-
-        cpu = header.get("cpu")
-        with pinning.pinned(cpu) as is_pinned:
-            stats = timing.measure(
-                lambda k: fns[k](),
-                n_sets=len(sets),
-                refresh=refresh,
-                on_output=on_output,
-                device=self.device,
-                method=header.get("timer"),
-                budget_s=float(header.get("budget_s", 1.0)),
-                warmup_s=float(header.get("warmup_s", 0.05)),
-                min_samples=int(header.get("min_samples", 5)),
-            )
-        spread.release_outputs()
-        if is_pinned:
-            stats.flags.append(f"timing_cpu={cpu}")
-        if len(sets) != n_sets:
-            stats.flags.append(f"input_sets={len(sets)}: small inputs, each set placed apart")
-        verify = []
-        for entry in kept if send_kept else ():
-            out_tuple = _leaves(entry["out"])
-            problems = _inspect_outputs(out_tuple, (), self.device)
-            verify.append({"seed": entry["seed"], "outputs": None if problems else _to_cpu(out_tuple),
-                           "written": None if problems else _to_cpu(entry["written"])})
-        return {"stats": stats.to_dict(), "verify_seeds": [v["seed"] for v in verify]}, {"verify": verify}
-
-    def _require(self, *roles: str) -> None:
-        if self.role not in roles:
-            raise RuntimeError(f"command needs a {' or '.join(roles)} child, this one is {self.role}")
-
-
-class TimedOutputRefused(Exception):
-    """A timed call returned something other than plain dense tensors (or plain numbers) on the
-    item's device: the item fails at timing, and is not correct."""
-
-
-MAX_STRUCTURE_DEPTH = 8  # deeper nesting is a leaf, which the output checks then refuse
-
-
-def flatten_outputs(out: Any) -> tuple[tuple, Any]:
-    """A callable's result as its leaves (tensors, numbers, None, anything else) and its
-    structure: ``0`` for a leaf, a list for a tuple or list (interchangeable), a dict for a dict
-    with str keys (keys sorted, so their order does not matter). ``(a, (b, c))`` gives
-    ``(a, b, c)`` and ``[0, [0, 0]]``; a single tensor gives ``(t,)`` and ``0``."""
-    leaves: list[Any] = []
-
-    def walk(value: Any, depth: int) -> Any:
-        if depth < MAX_STRUCTURE_DEPTH:
-            if isinstance(value, (tuple, list)):
-                return [walk(v, depth + 1) for v in value]
-            if isinstance(value, dict) and all(type(k) is str for k in value):
-                return {k: walk(value[k], depth + 1) for k in sorted(value)}
-        leaves.append(value)
-        return 0
-
-    structure = walk(out, 0)
-    return tuple(leaves), structure
-
-
-def _leaves(out: Any) -> tuple:
-    return flatten_outputs(out)[0]
-
-
-def _clone(args: tuple) -> tuple:
-    return tuple(a.clone() if hasattr(a, "clone") else a for a in args)
-
-
-def _clone_outputs(out: Any) -> Any:
-    """A copy of a call's outputs, structure and all (subclasses keep their type, so the later
-    checks still see it)."""
-    if isinstance(out, (tuple, list)):
-        return [_clone_outputs(v) for v in out]
-    if isinstance(out, dict):
-        return {k: _clone_outputs(v) for k, v in out.items()}
-    return out.clone() if hasattr(out, "clone") else out
-
-
-def _to_cpu(values: tuple) -> tuple:
-    import torch
-
-    return tuple(v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for v in values)
-
-
-def _synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-_PLAIN_SCALARS = (int, float, bool, type(None))  # exact types: a subclass could compare equal to anything
-
-
-def _inspect_outputs(values: tuple, args: tuple, device: str, allowed_aliases: frozenset[tuple[int, int]] | set[tuple[int, int]] = frozenset()) -> list[str]:
-    """Checks of a result's values (``flatten_outputs``) that need the live objects: plain dense
-    tensors, on the device, not aliasing inputs (output ``i`` may share memory with input ``j``
-    where the reference's does: ``(i, j)`` in ``allowed_aliases``, from ``_aliases``). Plain
-    Python numbers and None pass through (a reference may return a count, a scalar or an empty
-    slot); the pytest process compares them with the reference's."""
-    import torch
-
-    problems = []
-    want = torch.device(device)
-    for i, value in enumerate(values):
-        if type(value) in _PLAIN_SCALARS:
-            continue
-        if type(value) is not torch.Tensor:
-            kind = f"{type(value).__module__}.{type(value).__qualname__}"
-            problems.append(f"output {i} is a {kind}, not a plain torch.Tensor (subclasses and lazy objects are refused)")
-            continue
-        if value.is_meta:
-            problems.append(f"output {i} is a meta tensor: it has a shape but no data")
-            continue
-        if value.layout != torch.strided:
-            problems.append(f"output {i} is not a dense tensor (layout {value.layout})")
-            continue
-        if value.device.type != want.type or (want.index is not None and value.device.index != want.index):
-            problems.append(f"output {i} is on {value.device}, expected {want}")
-            continue
-        for j, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor) and (i, j) not in allowed_aliases and _overlaps(value, arg):
-                problems.append(f"output {i} shares memory with input {j}")
-    return problems
-
-
-def _aliases(values: tuple, args: tuple) -> set[tuple[int, int]]:
-    """``(output, input)`` index pairs of outputs that share memory with an input."""
-    import torch
-
-    return {(i, j) for i, value in enumerate(values) if type(value) is torch.Tensor
-            for j, arg in enumerate(args) if isinstance(arg, torch.Tensor) and _overlaps(value, arg)}
-
-
-def _check_inplace_indices(inplace: set[int], args: tuple) -> None:
-    """``INPLACE`` names inputs by index: each must be one of the inputs ``make_inputs`` made."""
-    beyond = sorted(j for j in inplace if not 0 <= j < len(args))
-    if beyond:
-        raise ValueError(f"INPLACE lists input{'s' if len(beyond) > 1 else ''} {', '.join(map(str, beyond))}, but make_inputs"
-                         f" returned {len(args)} input{'s' if len(args) != 1 else ''} (indices 0 to {len(args) - 1})")
-
-
-def _require_plain_outputs(values: tuple, who: str) -> None:
-    """The case's own results must be what a candidate may return, or nothing can match them."""
-    import torch
-
-    for i, value in enumerate(values):
-        if type(value) not in _PLAIN_SCALARS and not isinstance(value, torch.Tensor):
-            kind = f"{type(value).__module__}.{type(value).__qualname__}"
-            raise TypeError(f"the {who} returned a {kind} as output {i}: return tensors, plain numbers or None, "
-                            "alone or in tuples, lists or dicts with str keys")
-
-
-def _overlaps(a: Any, b: Any) -> bool:
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    a0, b0 = sa.data_ptr(), sb.data_ptr()
-    return bool(a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes())
-
-
-def _poison(nbytes: list[int], device: str) -> None:
-    """Fill memory the next allocations will reuse with NaN, so unwritten output elements show.
-
-    The bytes are all ones: NaN in every floating format (fp64 to fp8 e4m3fn and e5m2), -1 or
-    the maximum in integer ones. A float32 NaN's bytes would read as 0.0 in every other element
-    of an fp16 or bf16 output, and a kernel that skips the elements where the reference is zero
-    would pass.
-
-    The CUDA caching allocator hands a freed block of the same size straight back; on the CPU,
-    glibc reuses freed heap chunks once ``mallopt`` keeps large blocks off ``mmap`` (which would
-    return fresh zeroed pages instead).
-    """
-    if not nbytes:
-        return
-    blocks = [poison_block(n, device) for n in nbytes]
-    _synchronize(device)
-    del blocks
-
-
-def poison_block(nbytes: int, device: str) -> Any:
-    """``nbytes`` of all-ones bytes on ``device`` (see ``_poison``)."""
-    import torch
-
-    return torch.full((max(nbytes, 1),), 0xFF, dtype=torch.uint8, device=device)
-
-
-def _keep_large_allocations_on_heap() -> None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        m_mmap_threshold = -3
-        libc.mallopt(m_mmap_threshold, 1 << 30)
-    except Exception:  # not glibc: poisoning then covers small outputs only
-        pass
+            self._timing_sets = new_timing_sets(self.case, command, self.device, _rng, candidate.bind)
+        return time_round(self._timing_sets, self.case, command, self.device, _rng)

@@ -18,9 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_kcoral.messages import TimedOutput
 from pytest_kcoral.results import TimingStats, speedup_between
 from pytest_kcoral.timing import stats
 from pytest_kcoral.timing.stats import RSE_TARGET
+from pytest_kcoral.timing_flags import Flag, flag, has, kind_of
 
 # A candidate's calls may spend this much more host time outside their windows than the baseline's
 # (the same harness on both sides: input refresh, L2 flush, output drop and check) before the
@@ -61,10 +63,10 @@ def charge_outside_work(baseline_rounds: Sequence[TimingStats], candidate_rounds
     candidate.median_us += excess
     candidate.min_us += excess
     candidate.charged_us = excess
-    candidate.flags.append(
-        f"outside_window_excess_us={excess:.1f}: the candidate's calls spent {cand_us:.1f} us each outside"
-        f" their timing windows, the baseline's {base_us:.1f} us (slack {slack:.1f} us): work done where it"
-        " is not timed (in the input refresh, when an output is dropped, ...) is charged to it")
+    candidate.flags.append(flag(
+        Flag.OUTSIDE_WINDOW_EXCESS_US, f"{excess:.1f}",
+        f"the candidate's calls spent {cand_us:.1f} us each outside their timing windows, the baseline's {base_us:.1f} us"
+        f" (slack {slack:.1f} us): work done where it is not timed (in the input refresh, when an output is dropped, ...) is charged to it"))
     return excess
 
 
@@ -138,21 +140,21 @@ def combine_rounds(rounds: Sequence[TimingStats], rse_target: float = RSE_TARGET
     rse = stats.rse_of_median(ordered)
     flags: list[str] = []
     seen_kinds: set[str] = set()
-    for flag in (f for r in rounds for f in r.flags):
-        kind = flag.split("=", 1)[0].split(":", 1)[0]
+    for text in (f for r in rounds for f in r.flags):
+        kind = kind_of(text)
         # one of each kind, from every round, left out or not (a per-round figure, such as the
         # events bias, is shown from the first round); the convergence verdict is recomputed below
         # from the kept samples
-        if kind in seen_kinds or kind == "rse_target_missed":
+        if kind in seen_kinds or kind == Flag.RSE_TARGET_MISSED.value:
             continue
         seen_kinds.add(kind)
-        flags.append(flag)
+        flags.append(text)
     dropped = sum(1 for i, r in enumerate(rounds) if r.samples_us and keep is not None and i not in keep and i not in set_aside)
     if dropped:
-        flags.append(f"rounds_dropped={dropped}/{len(rounds)}: against the other side's rounds taken in turn with them, their"
-                     f" ratio lay over {DISTURBED_PAIR_SLACK:.0%} from the median ratio: the host slowed one side while they ran")
+        flags.append(flag(Flag.ROUNDS_DROPPED, f"{dropped}/{len(rounds)}", "against the other side's rounds taken in turn with them, their"
+                          f" ratio lay over {DISTURBED_PAIR_SLACK:.0%} from the median ratio: the host slowed one side while they ran"))
     if not rse < rse_target:
-        flags.append(f"rse_target_missed: {rse:.4f} >= {rse_target} after {len(samples)} samples in {len(kept)} rounds")
+        flags.append(flag(Flag.RSE_TARGET_MISSED, note=f"{rse:.4f} >= {rse_target} after {len(samples)} samples in {len(kept)} rounds"))
 
     def median_of(values: list[float | None]) -> float | None:
         return None if any(v is None for v in values) else stats.median(sorted(values))  # type: ignore[arg-type]
@@ -207,7 +209,7 @@ def host_set_side(side: Mapping[str, Any]) -> bool:
     GPU sat idle between launches for ``HOST_GAP_FRACTION`` of the span or more (launch-bound
     calls, and multi-kernel calls with host work between their kernels), or the call was timed by
     the host clock."""
-    if side.get("host_bound") or any(f.startswith(("launch_bound", "host_bound")) for f in side.get("flags", [])):
+    if side.get("host_bound") or has(side.get("flags", []), Flag.LAUNCH_BOUND, Flag.HOST_BOUND):
         return True
     busy, span = side.get("busy_us"), side.get("median_us")
     return busy is not None and span is not None and bool(span) and busy < (1 - HOST_GAP_FRACTION) * span
@@ -221,7 +223,7 @@ class ProcessPair:
 
     baseline: list[TimingStats] = field(default_factory=list)
     candidate: list[TimingStats] = field(default_factory=list)
-    verify: list[list[dict]] = field(default_factory=list)
+    verify: list[list[TimedOutput]] = field(default_factory=list)
     first: str = "baseline"
     # one side's figures in this pair, once its rounds are all in (``side_stats``)
     _stats: dict[str, TimingStats] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -366,8 +368,8 @@ def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
     combined.processes = len(pairs)
     combined.process_medians_us = [p.side_stats(side).median_us for p in pairs]
     speedups = ", ".join(f"{s:.4g}" for s in pair_speedups(pairs))
-    combined.flags.append(f"median_pair={chosen + 1}/{len(pairs)}: timed in {len(pairs)} pairs of fresh processes, whose"
-                          f" speedups were {speedups}: the figures are the median pair's")
+    combined.flags.append(flag(Flag.MEDIAN_PAIR, f"{chosen + 1}/{len(pairs)}",
+                               f"timed in {len(pairs)} pairs of fresh processes, whose speedups were {speedups}: the figures are the median pair's"))
     combined.flags.append(_turns_flag(pairs))
     return combined
 
@@ -375,4 +377,4 @@ def combine_processes(pairs: Sequence[ProcessPair], side: str) -> TimingStats:
 def _turns_flag(pairs: Sequence[ProcessPair]) -> str:
     """Which side's round came first in each pair's turns: going first need not be neutral, so the
     grader alternates it (``pipeline._alternating_sides``) and the record says how it went."""
-    return f"first_in_turns={','.join(p.first for p in pairs)}: the side whose round came first in each pair of processes"
+    return flag(Flag.FIRST_IN_TURNS, ",".join(p.first for p in pairs), "the side whose round came first in each pair of processes")

@@ -20,8 +20,8 @@ def main(argv: list[str]) -> int:
 
     import torch
 
+    from pytest_kcoral.case_files import keep_private_bytecode_in
     from pytest_kcoral.case_runtime import CandidateRuntime, CaseRuntime
-    from pytest_kcoral.cases import keep_private_bytecode_in
 
     # the case's bytecode goes with the run's private directory, also when the tool's time runs
     # out and this process is killed before its own cleanup

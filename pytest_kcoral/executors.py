@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_kcoral import cpu_share, isolation
+from pytest_kcoral.context import Executor
 from pytest_kcoral.devices import host_timing_slots
 from pytest_kcoral.lease_plugin import get_devices, lease_factory
-from pytest_kcoral.pipeline import Executor, LocalExecutor
+from pytest_kcoral.pipeline import LocalExecutor
 from pytest_kcoral.remote import RemoteExecutor
 from pytest_kcoral.sandbox import Sandbox
 from pytest_kcoral.stash import executor_key, get_settings

@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pytest_kcoral import captured_output, child, lease, leftovers, protocol
+from pytest_kcoral.messages import NO_ERROR, Command, ErrorInfo, M, MessageError, R, Started, wire_header
 
 # Imported once by the template so children start warm. Missing ones are skipped by forkserver.
 TEMPLATE_PRELOAD = ["pytest_kcoral.template", "torch", "triton", "triton.language", "pytest_kcoral.child", "pytest_kcoral.case_runtime", "pytest_kcoral.timing",
@@ -250,13 +251,22 @@ def stack_at_timeout(output: str) -> tuple[str, str]:
 class ChildFailure(Exception):
     """A child did not complete a command: it raised, crashed, exited, hung or lied on the wire."""
 
-    def __init__(self, kind: str, phase: str, message: str, output: str = "", error: dict[str, Any] | None = None) -> None:
+    def __init__(self, kind: str, phase: str, message: str, output: str = "", error: ErrorInfo = NO_ERROR) -> None:
         super().__init__(message)
-        self.kind = kind  # "error" | "crash" | "exit" | "timeout" | "protocol"
+        self.kind = kind  # "error" | "crash" | "exit" | "timeout" | "protocol" | "outage" (``remote``)
         self.phase = phase
         self.message = message
         self.output = output
-        self.error = error or {}
+        self.error = error  # what the child said about an "error": its type, message and traceback
+
+
+def failure_of(error: ErrorInfo, role: str, phase: str, output: str) -> ChildFailure:
+    """The failure a reply with ``ok`` false reports: the child's error, or what its audit found."""
+    message = f"{error.type}: {error.message}"
+    if error.detected:  # the child's own audit: the message names what it found
+        ran = "the baseline" if role == "baseline" else "the candidate"
+        message = f"detected after {ran} ran in phase '{phase}': {error.message}"
+    return ChildFailure("error", phase, message, output, error)
 
 
 def _pending_bytes(fd: int) -> int:
@@ -390,30 +400,46 @@ class Child:
         self.drain.start()
         self._closed = False
         try:
-            header, _ = self._receive()
+            self.pid = self._parse(Started, *self._receive()).pid
         except BaseException:
             self.close()
             raise
-        self.pid = header.get("pid", self.process.pid)
         self.startup_s = time.perf_counter() - self.started_at
 
-    def call(self, cmd: str, phase: str, payload: Any = None, reply_limit_bytes: int | None = None,
-             **fields: Any) -> tuple[dict[str, Any], Any]:
+    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None) -> R:
         """Send a command and return its reply; raise ``ChildFailure`` if it does not come back.
         ``reply_limit_bytes``: the most tensor bytes the reply may carry (an untrusted child's)."""
         self.phase = phase
         self._seq += 1
         self._nonce = secrets.randbits(63)
+        header, payload = wire_header(command)
         started = time.perf_counter()
         try:
             dump_after_s = self.deadline - time.monotonic() - STACK_DUMP_LEAD_S
-            protocol.send(self.conn, dict(fields, cmd=cmd, seq=self._seq, nonce=self._nonce, stack_dump_after_s=dump_after_s), payload)
+            protocol.send(self.conn, dict(header, seq=self._seq, nonce=self._nonce, stack_dump_after_s=dump_after_s), payload)
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             self._raise_died()
         try:
-            return self._receive(reply_limit_bytes)
+            reply_header, reply_payload = self._receive(reply_limit_bytes)
         finally:
             self.last_call_s = time.perf_counter() - started
+        try:
+            return command.parse_reply(reply_header, reply_payload)
+        except MessageError as exc:
+            raise self._malformed(exc) from None
+
+    def _parse(self, kind: type[M], header: dict[str, Any], payload: Any) -> M:
+        """A message read as ``kind`` (``messages.py``)."""
+        try:
+            return kind.from_wire(header, payload)
+        except MessageError as exc:
+            raise self._malformed(exc) from None
+
+    def _malformed(self, exc: MessageError) -> ChildFailure:
+        """A message that does not parse is a protocol failure, as a malformed frame is: the child
+        may be lying, and is killed."""
+        self.kill()
+        return ChildFailure("protocol", self.phase, f"sent a malformed message in phase '{self.phase}': {exc}", self.output())
 
     def _receive(self, reply_limit_bytes: int | None = None) -> tuple[dict[str, Any], Any]:
         remaining = self.deadline - time.monotonic()
@@ -441,12 +467,7 @@ class Child:
             self.kill()
             raise ChildFailure("protocol", self.phase, f"sent a malformed message in phase '{self.phase}': {exc}", self.output()) from None
         if not header.get("ok"):
-            error = header.get("error") or {}
-            message = f"{error.get('type', 'Error')}: {error.get('message', '')}"
-            if error.get("detected"):  # the child's own audit: the message names what it found
-                ran = "the baseline" if self.role == "baseline" else "the candidate"
-                message = f"detected after {ran} ran in phase '{self.phase}': {error.get('message', '')}"
-            raise ChildFailure("error", self.phase, message, self.output(), error)
+            raise failure_of(self._parse(ErrorInfo, header.get("error") or {}, None), self.role, self.phase, self.output())
         return header, payload
 
     def _check_answers_the_command(self, header: dict[str, Any]) -> None:

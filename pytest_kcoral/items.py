@@ -158,11 +158,11 @@ class KernelItem(pytest.Item):
             self.user_properties.append((name, value))
         if result.outcome == "skipped":
             pytest.skip(result.message or "skipped")
-        if result.extra.get("service_unavailable"):
+        if result.extra.service_unavailable:
             # every later item would wait for it too: stop, and the artifact says partial
             self.session.shouldstop = f"stopped: {(result.message or '').splitlines()[0]}"
         if result.outcome != "passed":
-            if result.case_failed or result.extra.get("service_unavailable"):
+            if result.case_failed or result.extra.service_unavailable:
                 raise KernelFailure(result)
             raise CandidateFailure(result)
 
@@ -171,7 +171,7 @@ class KernelItem(pytest.Item):
             r = excinfo.value.result
             where = f" in phase '{r.phase}'" if r.phase and r.phase != r.stage else ""
             first, _, rest = (r.message or "").partition("\n")
-            if r.extra.get("service_unavailable"):  # nothing was graded: no stage failed
+            if r.extra.service_unavailable:  # nothing was graded: no stage failed
                 return f"kcoral could not grade this item: {first}\ncandidate: {self.candidate.path}"
             # the first line is what pytest's short summary shows: make it the reason
             return f"kcoral {r.stage} failed{where}: {first}\n{rest}\ncandidate: {self.candidate.path}".replace("\n\n\n", "\n\n")
@@ -213,7 +213,7 @@ def junit_properties(result: ItemResult) -> list[tuple[str, Any]]:
         props.append(("kcoral_case_failed", True))  # the case's failure, not the candidate's
     if result.suspicious:
         props.append(("kcoral_suspicious", "; ".join(result.suspicious)))
-    diagnostics = result.extra.get("diagnostics", {})
+    diagnostics = result.extra.diagnostics or {}
     if "ncu" in diagnostics:
         ncu = diagnostics["ncu"]
         props.append(("kcoral_ncu_report", ncu["report"] or f"none: {ncu.get('error', '')[:200]}"))

@@ -1,16 +1,21 @@
-"""Run step: a candidate's child kept between its items, paused while other items run.
+"""Run step: children kept between items.
 
-A fresh child per item cost each item a process start, a CUDA context and the candidate's own
-warm-up (Triton's JIT, ``torch.compile``) again. A candidate's child is kept after an item that
-passed and reused by the candidate's next item of the case, so it compiles each shape once.
-
-Kept children are stopped (SIGSTOP on their process group) while kept: nothing a candidate left
-behind can run while another item holds the device. A child whose item failed in any way is
-never kept; the next item of that candidate starts a fresh one.
+- ``KeptCandidates``: a candidate's child, kept after an item that passed, paused while other
+  items run, and reused by the candidate's next item of the case. A fresh child per item cost each
+  item a process start, a CUDA context and the candidate's own warm-up (Triton's JIT,
+  ``torch.compile``) again; now it compiles each shape once. Kept children are stopped (SIGSTOP on
+  their process group) while kept: nothing a candidate left behind can run while another item
+  holds the device. A child whose item failed in any way is never kept.
+- ``CaseChildren``: a case's trusted children, or its baseline children, one per case, kept
+  across its items: they never run a candidate, and reusing them saves a process start, a case
+  import and, on a GPU, a CUDA context per item.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from collections import OrderedDict
 from collections.abc import Hashable
 
@@ -48,6 +53,56 @@ class KeptCandidates:
 
     def holds(self, child: Child) -> bool:
         return any(kept is child for kept in self._kept.values())
+
+    def close(self) -> None:
+        while self._kept:
+            self._kept.popitem()[1].close()
+
+
+# Trusted children, and baseline children, kept alive per worker (one per case each, least
+# recently used closed first).
+MAX_CASE_CHILDREN = 4
+
+CaseKey = tuple[str, str]  # (case id, content hash): a case as collected
+
+
+class CaseChildren:
+    """One child per case, the most recently used last; beyond ``limit``, the least recently used
+    is closed."""
+
+    def __init__(self, limit: int = MAX_CASE_CHILDREN) -> None:
+        self.limit = limit
+        self._kept: OrderedDict[CaseKey, Child] = OrderedDict()
+
+    def take(self, key: CaseKey) -> Child | None:
+        """The case's child, still alive, or None; give it back with ``keep``."""
+        child = self._kept.pop(key, None)
+        if child is not None and child.process.exitcode is not None:
+            child.close()  # died while kept: its directory goes
+            return None
+        return child
+
+    def keep(self, key: CaseKey, child: Child) -> Child:
+        """``child`` as the most recently used one."""
+        self._kept[key] = child
+        while len(self._kept) > self.limit:
+            self._kept.popitem(last=False)[1].close()
+        return child
+
+    def forget(self, child: object) -> None:
+        """Never reuse ``child``: it failed, and may be dead, hung or in a bad state."""
+        for key, kept in list(self._kept.items()):
+            if kept is child:
+                del self._kept[key]
+
+    def resume(self) -> None:
+        """SIGCONT to every kept child. A candidate runs as the same user as they do, and can stop
+        them (SIGSTOP); once its process is gone, a child it left stopped would hang the next item
+        of its case, and that item would read as the case's failure."""
+        for child in self._kept.values():
+            if child.process.exitcode is None and child.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(child.process.pid, signal.SIGCONT)
 
     def close(self) -> None:
         while self._kept:

@@ -19,9 +19,9 @@ from pytest_kcoral.cases import KERNELBENCH_PROBLEM_FILE, case_folder_for, is_ca
 from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool
 from pytest_kcoral.executors import close_executor, get_executor
 from pytest_kcoral.items import CaseDirectory, KernelBenchProblem, KernelItem
+from pytest_kcoral.kcoral_programs import RemoteUnavailable, connect
 from pytest_kcoral.lease_plugin import get_devices
 from pytest_kcoral.options import Settings
-from pytest_kcoral.remote import RemoteUnavailable, connect
 from pytest_kcoral.sandbox import SandboxUnavailable, find_bwrap
 from pytest_kcoral.session import KcoralSession
 from pytest_kcoral.stash import get_settings, result_key, selection_key, settings_key, settings_or_none, submissions_matched_key

@@ -40,7 +40,7 @@ def start(role: str, case_spec: dict[str, Any], env: dict[str, str], budget_s: f
     try:
         import torch  # noqa: F401
 
-        from pytest_kcoral import case_runtime, child, leftovers, physical_floor, protocol, tamper, timing  # noqa: F401
+        from pytest_kcoral import case_runtime, child, child_outputs, leftovers, physical_floor, protocol, tamper, timing  # noqa: F401
         from pytest_kcoral.timing import clocks, stats, timers  # noqa: F401 - loaded before any candidate code
 
         spec = dict(case_spec)
@@ -50,7 +50,7 @@ def start(role: str, case_spec: dict[str, Any], env: dict[str, str], budget_s: f
         # files a candidate writes into the workspace cannot shadow a module imported later
         sys.path[:] = [p for p in sys.path if p not in ("", ".", workdir)]
         if role in (child.CANDIDATE, child.BASELINE):
-            child._keep_large_allocations_on_heap()
+            child_outputs.keep_large_allocations_on_heap()
         _runner = child._Runner(role, spec)
     except BaseException as exc:  # noqa: BLE001 - the client must hear why startup failed
         from pytest_kcoral import child

@@ -69,6 +69,33 @@ class TimingStats:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+@dataclass
+class ItemExtra:
+    """What an item's record adds beyond its scored fields: the JSON's ``extra``, where each key
+    appears only once it is set (``docs/json-schema.md``)."""
+
+    cpu_threads: int | None = None  # torch CPU threads of the pytest process and the children (``cpu_share``)
+    candidate_process: dict[str, int] | None = None  # which process ran the candidate (``pid``), its how-manieth ``item``
+    lease: dict[str, Any] | None = None  # the lease's absolute times (``lease.Lease.to_dict``), for the overlap audit
+    baseline_problems: list[str] | None = None  # why the baseline is wrong here (``baseline_correct`` false)
+    untimed: str | None = None  # why a correct item was not timed (``pipeline.untimed_reason``)
+    physical_floor: dict[str, Any] | None = None  # the floor the case's cost allows (``physical_floor.measure``)
+    physical_floor_ignored: str | None = None  # why the floor was not applied
+    diagnostics: dict[str, dict[str, Any]] | None = None  # ``--kcoral-sanitizer``, ``--kcoral-ncu`` records by tool
+    harness_error: bool | None = None  # the harness itself failed on the item
+    template_killed: bool | None = None  # the process children are forked from died while the item ran
+    service_unavailable: bool | None = None  # the ``--kcoral-url`` service stopped answering: not graded
+    remote: dict[str, Any] | None = None  # the KCoral service and programs that ran the item
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ItemExtra:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
 # how an item's message begins when the case itself failed (``ItemResult.case_failed``)
 CASE_FAILED_PREFIX = "the case itself failed (not the candidate): "
 
@@ -130,15 +157,17 @@ class ItemResult:
 
     weak_reference: bool | None = None  # zeros or a constant match the reference within tolerance
     suspicious: list[str] = field(default_factory=list)  # static report on the candidate source
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: ItemExtra = field(default_factory=ItemExtra)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dict(dataclasses.asdict(self), extra=self.extra.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ItemResult:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        fields = {k: v for k, v in data.items() if k in names}
+        fields["extra"] = ItemExtra.from_dict(data.get("extra") or {})
+        return cls(**fields)
 
 
 def speedup_between(baseline: TimingStats | None, candidate: TimingStats | None) -> float | None:

@@ -95,7 +95,7 @@ class KcoralSession:
             return
         result = ItemResult.from_dict(data)
         self.results[result.nodeid or report.nodeid] = result
-        lease = result.extra.get("lease")
+        lease = result.extra.lease
         if lease:  # taken on whichever worker ran the item; audited here, on the controller
             self.lease_history.append(lease)
 

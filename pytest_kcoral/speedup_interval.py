@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pytest_kcoral import combine
 from pytest_kcoral.results import ItemResult, TimingStats
+from pytest_kcoral.timing_flags import Flag, has
 
 CI_LEVEL = 0.95
 # A speedup whose interval reaches more than this far from it (either way, as a share of it) is
@@ -187,7 +188,7 @@ def noise_causes(result: ItemResult, *, interpreted_triton: bool = False) -> lis
     candidate = sides["candidate"]
     if candidate is not None and candidate.rounds_dropped:
         causes.append(f"{candidate.rounds_dropped}/{candidate.rounds} round pairs dropped (the host slowed one side)")
-    missed = [side for side, s in sides.items() if s is not None and any(f.startswith("rse_target_missed") for f in s.flags)]
+    missed = [side for side, s in sides.items() if s is not None and has(s.flags, Flag.RSE_TARGET_MISSED)]
     if missed:
         causes.append(f"rse target missed ({', '.join(missed)})")
     if any(combine.host_set_side(getattr(result, f"{side}_timing") or {}) for side in combine.SIDES):

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import pytest
 
+from pytest_kcoral.context import Executor
 from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.lease import LeaseManager
 from pytest_kcoral.options import Settings
-from pytest_kcoral.pipeline import Executor
 from pytest_kcoral.results import ItemResult
 
 

@@ -55,7 +55,7 @@ def _harness_modules() -> list[str]:
 
 
 def _case_modules() -> list[str]:
-    """The case's module in this child (``cases.import_case_module``) and the helpers beside it
+    """The case's module in this child (``case_files.import_case_module``) and the helpers beside it
     (``task.py``, imported by plain name): the harness calls its make_inputs between timed calls,
     where a candidate's replacement would do the work untimed. Not a candidate's own modules."""
     cases = [name for name in sys.modules if name.startswith(("_kcoral_case_", "_kcoral_baseline_"))]

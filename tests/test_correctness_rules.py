@@ -318,7 +318,7 @@ def test_the_poison_reads_as_nan_in_every_floating_format(dtype):
     # The end-to-end check needs CUDA's allocator: tests/gpu/test_pipeline_gpu.py
     import torch
 
-    from pytest_kcoral.child import poison_block
+    from pytest_kcoral.child_outputs import poison_block
 
     values = poison_block(64, "cpu").view(getattr(torch, dtype))
     assert bool(values.to(torch.float32).isnan().all()), values

@@ -353,6 +353,7 @@ def test_a_kept_baseline_child_draws_new_timing_sets_for_every_item(tmp_path):
 
     from pytest_kcoral import child
     from pytest_kcoral.case_runtime import BaselineRuntime
+    from pytest_kcoral.messages import Finish, Run, RunInputs, Time, wire_header
 
     (tmp_path / "case.py").write_text("import torch\nSEEN = [{'n': 8}]\ndef make_inputs(shape, device):\n"
                                       "    return (torch.randn(shape['n']),)\ndef reference(x):\n    return x * 2\n")
@@ -361,15 +362,18 @@ def test_a_kept_baseline_child_draws_new_timing_sets_for_every_item(tmp_path):
     threads = torch.get_num_threads()
     try:
         runner = child._Runner(child.BASELINE, spec)
-        timed = {"shape": {"n": 8}, "device": "cpu", "n_sets": 3, "budget_s": 0.01, "warmup_s": 0.0, "verify": 1, "send_kept": False}
+        timed = Time(shape={"n": 8}, device="cpu", n_sets=3, budget_s=0.01, timer=None, warmup_s=0.0, verify=1, written_inputs=[],
+                     send_kept=False)
+        run = Run(shape={"n": 8}, device="cpu", poison_bytes=[], written_inputs=[], allowed_aliases=[],
+                  payload=RunInputs(inputs=[(torch.ones(8),)]))
 
         def item() -> list[tuple]:
-            reply, _ = runner.handle({"cmd": "run", "shape": {"n": 8}, "device": "cpu"}, {"inputs": [(torch.ones(8),)]})
+            reply, _ = runner.handle(*wire_header(run))
             assert reply["ok"], reply
-            reply, payload = runner.handle(dict(timed, cmd="time"), None)
+            reply, payload = runner.handle(*wire_header(timed))
             assert reply["ok"] and payload["verify"] == [], reply  # kept as the candidate's are, not sent
-            sets = list(runner._timing_sets[2])  # held here, so no later object can take their ids
-            assert runner.handle({"cmd": "finish"}, None)[0]["ok"] and runner._timing_sets is None
+            sets = list(runner._timing_sets.sets)  # held here, so no later object can take their ids
+            assert runner.handle(*wire_header(Finish()))[0]["ok"] and runner._timing_sets is None
             return sets
 
         # as ``load_baseline`` does, less its audits: they watch the whole process, here pytest's own

@@ -72,6 +72,7 @@ def test_a_kept_child_is_stopped_until_it_is_taken_again(tmp_path):
     from pytest_kcoral.cases import NATIVE
     from pytest_kcoral.isolation import Child
     from pytest_kcoral.kept_children import KeptCandidates
+    from pytest_kcoral.messages import Finish
 
     (tmp_path / "case.py").write_text(THREE_SHAPES)
     spec = {"format": NATIVE, "source": str(tmp_path / "case.py"), "baseline_file": None, "device": "cpu", "device_kind": "cpu",
@@ -83,7 +84,7 @@ def test_a_kept_child_is_stopped_until_it_is_taken_again(tmp_path):
         kept.keep("a", first)
         assert _state(first.process.pid) == "T"  # stopped before keep() returns
         assert kept.take("a") is first and _state(first.process.pid) != "T"
-        first.call("finish", "finish")  # answers again once resumed
+        first.call(Finish(), "finish")  # answers again once resumed
         kept.keep("a", first)
         kept.keep("b", second)  # beyond the limit: the least recently kept one is closed
         first.process.join(5)

@@ -141,3 +141,24 @@ def test_loading_the_plugin_imports_no_torch() -> None:
              " print(sorted(m for m in ('torch', 'triton', 'kcoral', 'httpx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_module_class_or_function_is_too_long() -> None:
+    """A newcomer reads a module, a class or a function whole: over these sizes, split it."""
+    too_long = []
+    for name, path in package_modules().items():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"module {name}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    too_long.append(f"{type(node).__name__} {name}.{node.name}: {lines} lines")
+    assert not too_long, "over the size limits: " + "; ".join(too_long)

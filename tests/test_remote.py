@@ -20,6 +20,7 @@ import pytest
 
 # imported here, not first inside an in-process pytester run (which would drop it again)
 kcoral = pytest.importorskip("kcoral", reason="kcoral is not installed: pip install -e '.[remote]'")
+import pytest_kcoral.kcoral_programs  # noqa: E402, F401
 import pytest_kcoral.remote  # noqa: E402, F401
 
 WRONG = "def run(a, b):\n    return a - b\n"
@@ -502,7 +503,7 @@ def _start_router(workdir: Path) -> tuple[subprocess.Popen, str]:
         router = subprocess.Popen([sys.executable, "-m", "kcoral", "router", "--host", "127.0.0.1", "--port", str(port)],
                                   cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_server_env(workdir))
     deadline = time.monotonic() + SERVER_START_S
-    while pytest_kcoral.remote._health(url) is None:
+    while pytest_kcoral.kcoral_programs.health_of(url) is None:
         if router.poll() is not None or time.monotonic() > deadline:
             router.kill()
             pytest.skip(f"the kcoral router did not start: {_tail(workdir / 'router.log')}")
@@ -516,7 +517,8 @@ def test_only_the_health_status_says_a_service_is_down(kcoral_url, tmp_path):
     one in two under load. Taken for 'no worker left', that stopped the session on a shared,
     busy server. What a service that cannot finish programs says is its status: a router whose
     last node is gone answers 503, 'unavailable'."""
-    from pytest_kcoral.remote import _health, _unhealthy
+    from pytest_kcoral.kcoral_programs import _unhealthy
+    from pytest_kcoral.kcoral_programs import health_of as _health
 
     status, body = _health(kcoral_url)
     assert status == 200 and _unhealthy(status, body) is None
@@ -536,7 +538,8 @@ def test_a_router_in_front_of_gpu_servers_is_graded_as_a_gpu(kcoral_router_url):
     """A router does not count its nodes' GPUs (``gpu_count`` null), so a GPU cluster behind one was
     graded as a CPU: Triton in its interpreter, gpu_only shapes skipped, the wall clock. Its nodes'
     compile target names the GPU architecture, and is empty for CPU workers."""
-    from pytest_kcoral.remote import _device_kind, _health
+    from pytest_kcoral.kcoral_programs import device_kind_of as _device_kind
+    from pytest_kcoral.kcoral_programs import health_of as _health
 
     status, body = _health(kcoral_router_url)  # CPU nodes behind a real router
     assert status == 200 and body["gpu_count"] is None and body["target"] == {}
@@ -569,7 +572,7 @@ def test_items_after_a_server_restart_name_the_new_instance(make_case, pytester,
         while not paused.exists():
             assert time.monotonic() < deadline and session.poll() is None, "the pause was never reached"
             time.sleep(0.2)
-        first_id = pytest_kcoral.remote._health(url)[1]["instance_id"]
+        first_id = pytest_kcoral.kcoral_programs.health_of(url)[1]["instance_id"]
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
         port = url.rsplit(":", 1)[1]
@@ -579,7 +582,7 @@ def test_items_after_a_server_restart_name_the_new_instance(make_case, pytester,
                                       cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=_server_env(tmp_path))
         reason = _wait_until_ready(second, url, tmp_path / "second-server.log")
         assert reason is None, reason
-        second_id = pytest_kcoral.remote._health(url)[1]["instance_id"]
+        second_id = pytest_kcoral.kcoral_programs.health_of(url)[1]["instance_id"]
         resume.touch()
         out, _ = session.communicate(timeout=180)
     finally:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from kernels import triton_add
 
-from pytest_kcoral.pipeline import GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS, timing_rounds
 from pytest_kcoral.results import CASE_FAILED_PREFIX
+from pytest_kcoral.stage_timing import GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS, timing_rounds
 
 GOOD = "def run(a, b):\n    return a + b\n"
 
@@ -321,7 +321,7 @@ def baseline(a, b):
 
 
 def test_a_baseline_that_raises_fails_the_timing_as_the_cases_fault(make_case, run_kcoral, pytester):
-    """The baseline's child (``LocalExecutor._baseline_child``) runs it before timing it: an error
+    """The baseline's child (``children.LocalChildren.baseline``) runs it before timing it: an error
     there is the case's, said as such, and the candidate keeps its correctness."""
     make_case("cases/add", RAISING_BASELINE, {"good": GOOD})
     run_kcoral("--kcoral-json", "out.json").assert_outcomes(failed=1)
@@ -570,7 +570,7 @@ def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pa
     an item in N pairs of processes (auto: five for host-set items on a GPU, one otherwise). Each new
     candidate child loads the candidate and gets the correctness run, each new baseline child the
     same run, and the pairs take turns within themselves, the side that goes first alternating
-    from pair to pair (``pipeline._alternating_sides``)."""
+    from pair to pair (``stage_timing.alternating_sides``)."""
     log = pytester.path / "calls.log"
     make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))), {"logged": LOGGING_CANDIDATE.replace("__LOG__", repr(str(log)))})
     run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "3", "--kcoral-confinement", "off").assert_outcomes(passed=1)

@@ -18,6 +18,7 @@ import pytest_kcoral
 from pytest_kcoral import combine, timing
 from pytest_kcoral.results import TimingStats
 from pytest_kcoral.timing import stats
+from pytest_kcoral.timing.per_call import HOST_TO_DEVICE_COPY
 
 _real_perf_counter = time.perf_counter
 
@@ -484,7 +485,8 @@ def test_the_side_that_goes_first_alternates_between_pairs_of_processes():
     go first on either side about equally often."""
     from itertools import islice
 
-    from pytest_kcoral.pipeline import _alternating_sides, derive_seed
+    from pytest_kcoral.context import derive_seed
+    from pytest_kcoral.stage_timing import alternating_sides as _alternating_sides
 
     assert list(islice(_alternating_sides(0), 5)) == ["baseline", "candidate", "baseline", "candidate", "baseline"]
     assert list(islice(_alternating_sides(1), 3)) == ["candidate", "baseline", "candidate"]
@@ -500,7 +502,8 @@ def test_the_fastest_rounds_timed_output_is_always_checked():
     """A candidate that skips its work to be fast is fastest where it skipped: one of the
     fastest kept round's timed outputs is always among those checked against the reference,
     whatever the draw."""
-    from pytest_kcoral.pipeline import VERIFIED_TIMED_CALLS, _timed_outputs_to_check
+    from pytest_kcoral.stage_timing import VERIFIED_TIMED_CALLS
+    from pytest_kcoral.stage_timing import timed_outputs_to_check as _timed_outputs_to_check
 
     rounds = _rounds([20.0, 20.0, 19.0, 20.0, 20.0, 18.0, 20.0, 20.0])  # round 5 skipped some of its work
     kept = [[{"round": r}] for r in range(8)]
@@ -543,7 +546,7 @@ def test_benchmark_returns_its_samples_in_call_order():
 
 
 def test_events_spans_use_the_stream_span_unless_side_work_shows():
-    from pytest_kcoral.timing import _events_times
+    from pytest_kcoral.timing.per_call import events_times as _events_times
     from pytest_kcoral.timing.timers import side_work_detected
 
     roles = ["empty", "timed", "empty", "timed"]
@@ -564,7 +567,7 @@ def test_events_spans_use_the_stream_span_unless_side_work_shows():
 def test_events_spans_less_the_events_own_cost():
     """Two consecutive events read 2.9 us apart on one H200 host: empty windows measure that cost
     and it comes off the stream-ordered span, as the host's wake-up comes off the synchronized one."""
-    from pytest_kcoral.timing import _events_times
+    from pytest_kcoral.timing.per_call import events_times as _events_times
 
     roles = ["empty", "timed", "empty", "timed", "empty"]
     flags: list[str] = []
@@ -581,8 +584,8 @@ class _RecordedCupti:
 
 
 def _host_bound_verdict(work: dict[str, int], span_us: float, host_us: float) -> tuple[list[float], dict, list[str]]:
-    from pytest_kcoral.timing import _per_call_times
     from pytest_kcoral.timing.cupti_timer import WindowRecords
+    from pytest_kcoral.timing.per_call import per_call_times as _per_call_times
 
     roles = ["empty", "timed", "timed", "timed"]
     host = [5.0, host_us, host_us, host_us]  # the empty window: 5 us of harness overhead
@@ -607,7 +610,7 @@ def test_host_time_far_above_the_span_is_timed_by_the_host_clock():
 
 def test_a_call_fed_by_host_to_device_copies_is_host_bound_whatever_the_slack():
     # computed on the host in 60 us, then copied in: CUPTI sees only the 2 us copy
-    times, extra, flags = _host_bound_verdict({timing.HOST_TO_DEVICE_COPY: 1}, 2.0, 65.0)
+    times, extra, flags = _host_bound_verdict({HOST_TO_DEVICE_COPY: 1}, 2.0, 65.0)
     assert extra["host_bound"] and times == [60.0] * 3
     assert any("the calls copy data from the host" in f for f in flags)
 
@@ -618,8 +621,8 @@ def test_a_span_made_mostly_of_launch_gaps_is_flagged_launch_bound():
     assert times == [60.0] * 3 and not extra.get("host_bound")
     assert not any(f.startswith("launch_bound") for f in flags)  # busy == span in these records
 
-    from pytest_kcoral.timing import _per_call_times
     from pytest_kcoral.timing.cupti_timer import WindowRecords
+    from pytest_kcoral.timing.per_call import per_call_times as _per_call_times
 
     roles = ["empty", "timed", "timed"]
     records = [WindowRecords()] + [WindowRecords(span_us=60.0, busy_us=8.0, records=5, work=Counter({"k": 5})) for _ in range(2)]
@@ -729,3 +732,16 @@ def test_every_timed_call_accounts_for_its_time_outside_the_window():
                             budget_s=0.05, warmup_s=0.0)
     assert stats_.outside_us is not None and stats_.outside_us >= 500.0  # the refresh's half millisecond
     assert stats_.median_us < 400.0
+
+
+def test_timing_flags_are_made_and_read_by_their_kind():
+    from pytest_kcoral.timing_flags import Flag, flag, has, kind_of, notes
+
+    assert flag(Flag.L2_FLUSH, "read:64MiB") == "l2_flush=read:64MiB"
+    assert flag(Flag.PERSISTING_L2_RESET) == "persisting_l2_reset"
+    assert flag(Flag.FALLBACK_TO_EVENTS, note="CUPTI is in use: a profiler") == "fallback_to_events: CUPTI is in use: a profiler"
+    assert flag(Flag.ROUNDS_DROPPED, "1/8", "why") == "rounds_dropped=1/8: why"
+    flags = ["l2_flush=read:64MiB", "fallback_to_events: CUPTI is in use: a profiler", "launch_bound: busy 1 us"]
+    assert [kind_of(f) for f in flags] == ["l2_flush", "fallback_to_events", "launch_bound"]
+    assert has(flags, Flag.HOST_BOUND, Flag.LAUNCH_BOUND) and not has(flags, Flag.HOST_BOUND)
+    assert notes(flags, Flag.FALLBACK_TO_EVENTS) == ["CUPTI is in use: a profiler"]

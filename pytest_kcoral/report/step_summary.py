@@ -51,8 +51,6 @@ def _marked(value: float | None, host_set_items: int) -> str:
 
 def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareResult | None = None,
                     collection_errors: Sequence[dict] = ()) -> str:
-    s = scores.suite
-    q = s.quadrants
     out = ["## pytest-kcoral", ""]
     if partial:
         out += ["> **Partial run**: the session was interrupted; scores cover the items that ran.", ""]
@@ -60,7 +58,20 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
         out += [f"> **{len(collection_errors)} collection error(s)**: not graded, not in the scores.", ">"]
         out += [f"> - `{_cell(str(e.get('nodeid')))}`: {_cell(collection_error_line(e)[:300])}" for e in collection_errors]
         out += [""]
-    out += [
+    out += _pairs_table(scores)
+    out += timing_markdown(scores.timed_items)
+    out += _suite_bullets(scores)
+    out += _finding_bullets(scores)
+    out += _leaderboard_table(scores)
+    if compare is not None:
+        out += _comparison(compare)
+    return "\n".join(out) + "\n"
+
+
+def _pairs_table(scores: Scores) -> list[str]:
+    """One row per (case, candidate), the host-set note, and the speed-of-light table."""
+    s = scores.suite
+    out = [
         "| case | candidate | compiled | seen correct | seen speedup | unseen correct"
         " | unseen speedup | gap | AKA | bench-lite |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
@@ -84,11 +95,17 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
             out.append("| " + " | ".join(_cell(x) for x in (
                 f"`{c.case}`", f"`{c.candidate}`", f"`{sol['shape_id']}`", fmt_rates(sol), fmt_of_peak(sol), fmt_rates(sol, "baseline"),
             )) + " |")
-    out += timing_markdown(scores.timed_items)
+    return out
+
+
+def _suite_bullets(scores: Scores) -> list[str]:
+    """The suite's figures, one bullet each."""
+    s = scores.suite
+    q = s.quadrants
     fast = ", ".join(f"fast_{p} {fmt_pct(v)}" for p, v in s.fast_p.items())
     if nothing_timed(s):  # as the terminal says it
         fast += " " + NOTHING_TIMED_NOTE
-    out += [
+    out = [
         "",
         f"- pairs {s.pairs}: compiled {fmt_pct(s.compile_rate)}, correct {fmt_pct(s.correctness_rate)}",
         f"- {fast}",
@@ -101,6 +118,12 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     if s.pass_at_k:
         out.append("- pass@k: " + ", ".join(fmt_pass_at_k(s)))
     out.append(f"- bench-lite total (tier-weighted) {fmt_speed_score(s.bench_lite_total, s.timed)}")
+    return out
+
+
+def _finding_bullets(scores: Scores) -> list[str]:
+    """What the session found beside the scores (``findings.py``), in bold where it is wrong."""
+    out = []
     note = no_seen_note(scores.candidates)
     if note:
         out.append(f"- **{_cell(note)}**")
@@ -120,23 +143,33 @@ def render_markdown(scores: Scores, *, partial: bool = False, compare: CompareRe
     for reason, n in scores.timers.fallbacks.items():
         out.append(f"- **timer fallback** on {n} item(s): CUDA events, not CUPTI (short kernels read"
                    f" their launch overhead): {_cell(reason)}")
-    if scores.leaderboard:
-        out += ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
-        for e in scores.leaderboard:
-            # a folder in code: its * would start emphasis
-            name = _cell(leaderboard_name(e.team, e.folder))
-            team = f"`{name}`" if e.team is None and e.folder else name
-            out.append(f"| {e.rank} | {team} | {fmt_speed_score(e.bench_lite_total, s.timed)} |"
-                       f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
-    if compare is not None:
-        shown = compare.regressions if compare.threshold_pct is not None else largest_changes(compare)
-        if shown or caveats(compare):
-            head = (f"**{len(compare.regressions)} regression(s)**" if compare.threshold_pct is not None
-                    else f"**{len(compare.compared)} pair(s) compared** (report only)")
-            out += ["", f"{head} against `{compare.path}`:", ""]
-            out += [f"- `{r.case}::{r.candidate}` {_escape_mark(fmt_change(r))}" for r in shown]
-            out += [f"- {_escape_mark(line)}" for line in caveats(compare)]
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _leaderboard_table(scores: Scores) -> list[str]:
+    if not scores.leaderboard:
+        return []
+    out = ["", "| rank | team | bench-lite | correct | mean speedup |", "|---:|---|---:|---:|---:|"]
+    for e in scores.leaderboard:
+        # a folder in code: its * would start emphasis
+        name = _cell(leaderboard_name(e.team, e.folder))
+        team = f"`{name}`" if e.team is None and e.folder else name
+        out.append(f"| {e.rank} | {team} | {fmt_speed_score(e.bench_lite_total, scores.suite.timed)} |"
+                   f" {e.cases_correct}/{e.cases} | {fmt_speedup(e.mean_speedup)} |")
+    return out
+
+
+def _comparison(compare: CompareResult) -> list[str]:
+    """The regressions against a saved run (or, report only, the largest changes) and the caveats."""
+    shown = compare.regressions if compare.threshold_pct is not None else largest_changes(compare)
+    if not (shown or caveats(compare)):
+        return []
+    head = (f"**{len(compare.regressions)} regression(s)**" if compare.threshold_pct is not None
+            else f"**{len(compare.compared)} pair(s) compared** (report only)")
+    out = ["", f"{head} against `{compare.path}`:", ""]
+    out += [f"- `{r.case}::{r.candidate}` {_escape_mark(fmt_change(r))}" for r in shown]
+    out += [f"- {_escape_mark(line)}" for line in caveats(compare)]
+    return out
 
 
 def append_step_summary(path: str | Path, markdown: str) -> None:

@@ -37,22 +37,16 @@ from __future__ import annotations
 import gc
 import math
 import statistics
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_kcoral.results import TIMER_METHODS, TimingStats
 from pytest_kcoral.timing import clocks, guards, stats
 from pytest_kcoral.timing.clocks import perf_counter as _perf_counter
+from pytest_kcoral.timing.per_call import HOST_SLACK_US, per_call_times
 from pytest_kcoral.timing.stats import RSE_TARGET
+from pytest_kcoral.timing_flags import Flag, flag
 
-# Host time this far above the GPU span (beyond the span itself) makes a call host-bound. Triton's
-# Python launcher alone took over 100 us for a 1.5 us kernel while another worker was busy
-# (docs/performance.md, scaling), so the slack is well above a loaded host's launch cost; a call
-# fed by host-to-device copies is host-bound whatever its slack.
-HOST_SLACK_US = 250.0
-HOST_TO_DEVICE_COPY = "memcpy:1"  # CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, as the CUPTI timer names it
-LAUNCH_BOUND_BUSY_FRACTION = 0.5  # busy under this share of the span: flag the call launch-bound
 _CALIBRATION_CALLS = 10
 _CALIBRATE_EVERY = 4  # one empty window after every this many timed calls
 _FIRST_CHECK = 20  # fewer samples than this never end the loop early
@@ -167,6 +161,11 @@ def measure(
 
         return _sample(WallTimer(None, cpu_clock=guards.thread_cpu_s if untrusted else None), sync=None, flusher=None, flags=[], **loop)
 
+    return _measure_cuda(loop, device, method, flush_l2)
+
+
+def _measure_cuda(loop: dict[str, Any], device: str, method: str | None, flush_l2: bool) -> TimingStats:
+    """``measure`` on a CUDA device: CUPTI, else CUDA events (saying why), else the wall clock."""
     refs = clocks.capture_torch()
     if not refs.cuda_available:
         raise TimerUnavailable(f"device {device!r} requested but CUDA is not available in this process")
@@ -181,17 +180,17 @@ def measure(
         flusher = None
         if flush_l2:
             flusher = L2Flusher(torch, torch.device(device))
-            flags.append(f"l2_flush=read:{flusher.buffer_bytes >> 20}MiB")
+            flags.append(flag(Flag.L2_FLUSH, f"read:{flusher.buffer_bytes >> 20}MiB"))
         else:
-            flags.append("l2_flush=off")
+            flags.append(flag(Flag.L2_FLUSH, "off"))
 
         def run(timer: Any, run_flags: list[str]) -> TimingStats:
             stats_ = _sample(timer, sync=refs.synchronize, flusher=flusher, flags=run_flags, **loop)
             if flusher is not None:
                 if flusher.persisting_reset_done:
-                    stats_.flags.append("persisting_l2_reset")
+                    stats_.flags.append(flag(Flag.PERSISTING_L2_RESET))
                 else:
-                    stats_.flags.append(f"persisting_l2_reset_unavailable: {flusher.persisting.error}")
+                    stats_.flags.append(flag(Flag.PERSISTING_L2_RESET_UNAVAILABLE, note=str(flusher.persisting.error)))
             return stats_
 
         if method in (None, "cupti"):
@@ -201,14 +200,14 @@ def measure(
                 # may flush through our callbacks while holding the GIL: leave CUPTI alone.
                 if method == "cupti":
                     raise TimerUnavailable(f"CUPTI is in use: {busy}")
-                flags.append(f"fallback_to_events: CUPTI is in use: {busy}")
+                flags.append(flag(Flag.FALLBACK_TO_EVENTS, note=f"CUPTI is in use: {busy}"))
                 return run(EventsTimer(refs, torch.device(device)), flags)
             try:
                 return run(CuptiTimer(refs.synchronize), list(flags))
             except CuptiUnavailable as exc:
                 if method == "cupti":
                     raise TimerUnavailable(str(exc)) from exc
-                flags.append(f"fallback_to_events: {exc}")
+                flags.append(flag(Flag.FALLBACK_TO_EVENTS, note=str(exc)))
         if method in (None, "events"):
             return run(EventsTimer(refs, torch.device(device)), flags)
         return run(WallTimer(refs), flags)
@@ -248,31 +247,11 @@ def _sample(
     untrusted: bool = True,
 ) -> TimingStats:
     perf = _perf_counter
-    sync_first = timer.sync_before_window and sync is not None
     roles: list[str] = []  # one per window: "first", "warmup", "empty", "timed"
     host_us: list[float] = []  # per window
     outside_us: list[float] = []  # per timed call: its turn's host time outside the window
     direct_us: list[Any] = []  # per window: the events spans (stream, synchronized); None for CUPTI and wall
-
-    def window(fn: Callable[[int], Any], k: int, role: str) -> Any:
-        if untrusted and role == "empty":
-            # a hook the candidate installed would run inside the calibration, whose time is
-            # subtracted from every call: named and refused, and taken off in any case
-            guards.refuse_hooks("before a calibration window")
-            guards.clear_profile_and_trace()
-        if flusher is not None:
-            flusher()
-        if sync_first and sync is not None:
-            sync()
-        h0 = perf()
-        token = timer.open_window()
-        out = fn(k)
-        direct = timer.close_window(token)
-        h1 = perf()
-        roles.append(role)
-        host_us.append((h1 - h0) * 1e6)
-        direct_us.append(direct)
-        return out
+    window = _window_function(timer, sync, flusher, untrusted, roles, host_us, direct_us)
 
     def empty(_k: int) -> None:
         return None
@@ -298,40 +277,11 @@ def _sample(
         for _ in range(_CALIBRATION_CALLS):
             window(empty, 0, "empty")
 
-        deadline = perf() + budget_s
         # the CPU time of the process's other threads (and reaped children) over the timed calls
         other_cpu_start = guards.other_cpu_s() if getattr(timer, "counts_cpu", False) else None
         loop_started = perf()
-        n = 0
-        next_check = max(min_samples, _FIRST_CHECK)
-        converged = False
-        while n < max_samples:
-            k = (i + n) % n_sets
-            loop_start = perf()
-            # the last output goes first: what its freeing sets off (a candidate's finalizer) runs
-            # before the next inputs exist, within this turn's account, and never between a
-            # window and the check of that window's output
-            out = None
-            if refresh is not None:
-                refresh(k)
-            out = window(call, k, "timed")
-            if on_output is not None:
-                on_output(k, out)
-            # what the call's turn took beyond its window: the refresh, the flush, the drop of the
-            # last output, the output's check; the same harness on both sides, so a candidate's
-            # excess is work done where it is not timed (``outside_window_excess``)
-            outside_us.append((perf() - loop_start) * 1e6 - host_us[-1])
-            n += 1
-            if n % _CALIBRATE_EVERY == 0:
-                window(empty, 0, "empty")
-            if n >= min_samples and perf() >= deadline:
-                break
-            if n >= next_check:
-                next_check = n + max(5, n // 4)
-                values = _per_call_times(timer, roles, host_us, direct_us, interim=True)[0]
-                if stats.rse_of_median(sorted(values)) < rse_target:
-                    converged = True
-                    break
+        converged = _timed_calls(window, empty, timer, call, i, n_sets, refresh, on_output, budget_s, min_samples, max_samples,
+                                 rse_target, roles, host_us, direct_us, outside_us)
         if untrusted:
             guards.refuse_hooks("after the last call")
         other_cpu_us = None
@@ -347,12 +297,19 @@ def _sample(
         if gc_was_enabled:
             gc.enable()
 
-    times, extra = _per_call_times(timer, roles, host_us, direct_us, records=records,
+    return _sampled_stats(timer, roles, host_us, direct_us, outside_us, records, flags, host_slack_us=host_slack_us,
+                          other_cpu_us=other_cpu_us, converged=converged, rse_target=rse_target)
+
+
+def _sampled_stats(timer: Any, roles: list[str], host_us: list[float], direct_us: list[Any], outside_us: list[float], records: Any,
+                   flags: list[str], *, host_slack_us: float, other_cpu_us: float | None, converged: bool, rse_target: float) -> TimingStats:
+    """The statistics of a finished ``_sample``: each timed call's time, then their median and spread."""
+    times, extra = per_call_times(timer, roles, host_us, direct_us, records=records,
                                    host_slack_us=host_slack_us, flags=flags, other_cpu_us=other_cpu_us)
     ordered = sorted(times)
     rse = stats.rse_of_median(ordered)
     if not converged and not rse < rse_target:
-        flags.append(f"rse_target_missed: {rse:.4f} >= {rse_target} after {len(times)} samples")
+        flags.append(flag(Flag.RSE_TARGET_MISSED, note=f"{rse:.4f} >= {rse_target} after {len(times)} samples"))
     return TimingStats(
         method=timer.method,
         median_us=stats.grouped_median(ordered),
@@ -367,117 +324,82 @@ def _sample(
     )
 
 
-def _per_call_times(
-    timer: Any,
-    roles: list[str],
-    host_us: list[float],
-    direct_us: list[Any],
-    *,
-    interim: bool = False,
-    records: Any = None,
-    host_slack_us: float = HOST_SLACK_US,
-    flags: list[str] | None = None,
-    other_cpu_us: float | None = None,
-) -> tuple[list[float], dict[str, Any]]:
-    """Per timed call: the time and (final pass) the host-bound check and CUPTI's extras."""
-    timed = [j for j, r in enumerate(roles) if r == "timed"]
-    empties = sorted(host_us[j] for j, r in enumerate(roles) if r == "empty")
-    host_overhead_us = stats.median(empties) if empties else 0.0
-    extra: dict[str, Any] = {}
+def _window_function(timer: Any, sync: Callable[[], None] | None, flusher: Callable[[], None] | None, untrusted: bool,
+                     roles: list[str], host_us: list[float], direct_us: list[Any]) -> Callable[[Callable[[int], Any], int, str], Any]:
+    """``window(fn, k, role)``: ``fn(k)`` in one timing window, its host time and the timer's own
+    reading appended (``roles``, ``host_us``, ``direct_us``); returns its output."""
+    perf = _perf_counter
+    sync_first = timer.sync_before_window and sync is not None
 
-    if timer.method == "cupti":
-        if interim:
-            records = timer.interim()
-        primary = [records[j].span_us for j in timed]
-    elif timer.method == "events":
-        primary = _events_times(direct_us, roles, timed, flags)
-    else:
-        primary = [max(0.0, host_us[j] - host_overhead_us) for j in timed]
-        if other_cpu_us is not None and timed and not interim:  # ``WallTimer``'s cpu_clock: CPU times too
-            assert flags is not None
-            primary = _at_least_cpu_time(primary, direct_us, roles, timed, other_cpu_us, flags)
-    if interim:
-        return primary, extra
+    def window(fn: Callable[[int], Any], k: int, role: str) -> Any:
+        if untrusted and role == "empty":
+            # a hook the candidate installed would run inside the calibration, whose time is
+            # subtracted from every call: named and refused, and taken off in any case
+            guards.refuse_hooks("before a calibration window")
+            guards.clear_profile_and_trace()
+        if flusher is not None:
+            flusher()
+        if sync_first and sync is not None:
+            sync()
+        h0 = perf()
+        token = timer.open_window()
+        out = fn(k)
+        direct = timer.close_window(token)
+        h1 = perf()
+        roles.append(role)
+        host_us.append((h1 - h0) * 1e6)
+        direct_us.append(direct)
+        return out
 
-    host_timed = [host_us[j] for j in timed]
-    extra["host_median_us"] = stats.median(sorted(host_timed))
-    span_median = stats.median(sorted(primary))  # the GPU's own figure, before any host-bound rule
-    if timer.method in ("cupti", "events"):
-        host_minus_overhead = [h - host_overhead_us for h in host_timed]
-        unaccounted = sorted(h - p for h, p in zip(host_minus_overhead, primary))
-        # computed on the host and copied in: the copy is all CUPTI sees of the work
-        fed_from_host = timer.method == "cupti" and any(records[j].work.get(HOST_TO_DEVICE_COPY) for j in timed)
-        if fed_from_host or stats.median(unaccounted) > span_median + host_slack_us:
-            extra["host_bound"] = True
-            assert flags is not None
-            why = "the calls copy data from the host" if fed_from_host else "far above the GPU span"
-            flags.append(
-                f"host_bound: host time {extra['host_median_us']:.1f} us (harness overhead "
-                f"{host_overhead_us:.1f} us), GPU span {span_median:.1f} us; {why}; "
-                "timed by the host clock"
-            )
-            primary = [max(p, h) for p, h in zip(primary, host_minus_overhead)]
-
-    if timer.method == "cupti":
-        extra["busy_us"] = stats.median(sorted(records[j].busy_us for j in timed))
-        extra["records"] = int(round(stats.median(sorted(records[j].records for j in timed))))
-        assert flags is not None
-        if span_median > 0 and extra["busy_us"] < LAUNCH_BOUND_BUSY_FRACTION * span_median:
-            # information, not a verdict: such a span moves with the host's launch speed, by tens
-            # of percent within seconds on the H200 host (docs/performance.md, process noise)
-            flags.append(f"launch_bound: the GPU was busy {extra['busy_us']:.1f} us of a {span_median:.1f} us span; "
-                         "the rest is launch gaps, whose length follows the host's speed")
-        later = [records[j].work for j, r in enumerate(roles) if r in ("warmup", "timed")]
-        same = all(w == later[0] for w in later)
-        extra["same_work_every_call"] = same
-        if not same:
-            flags.append("work_differs_between_calls: " + _describe_work_change(later))
-        first = [records[j].work for j, r in enumerate(roles) if r == "first"]
-        if first and sum(first[0].values()) > 0 and all(sum(w.values()) == 0 for w in later):
-            flags.append("no_gpu_work_after_first_call")
-    return primary, extra
+    return window
 
 
-# CPU time this much above the wall time (and 1 us) says more than one core worked on the calls
-CPU_ABOVE_WALL_FLAG = 1.1
+def _timed_calls(window: Callable[[Callable[[int], Any], int, str], Any], empty: Callable[[int], None], timer: Any,
+                 call: Callable[[int], Any], start: int, n_sets: int, refresh: Callable[[int], None] | None,
+                 on_output: Callable[[int, Any], None] | None, budget_s: float, min_samples: int, max_samples: int, rse_target: float,
+                 roles: list[str], host_us: list[float], direct_us: list[Any], outside_us: list[float]) -> bool:
+    """The timed calls, input set ``(start + n) % n_sets`` for the ``n``-th, until ``budget_s``
+    runs out (``min_samples`` at least) or the median's error is under ``rse_target``; whether
+    it converged."""
+    perf = _perf_counter
+    deadline = perf() + budget_s
+    n = 0
+    next_check = max(min_samples, _FIRST_CHECK)
+    while n < max_samples:
+        k = (start + n) % n_sets
+        loop_start = perf()
+        # the last output goes first: what its freeing sets off (a candidate's finalizer) runs
+        # before the next inputs exist, within this turn's account, and never between a
+        # window and the check of that window's output
+        out = None
+        if refresh is not None:
+            refresh(k)
+        out = window(call, k, "timed")
+        if on_output is not None:
+            on_output(k, out)
+        # what the call's turn took beyond its window: the refresh, the flush, the drop of the
+        # last output, the output's check; the same harness on both sides, so a candidate's
+        # excess is work done where it is not timed (``outside_window_excess``)
+        outside_us.append((perf() - loop_start) * 1e6 - host_us[-1])
+        n += 1
+        if n % _CALIBRATE_EVERY == 0:
+            window(empty, 0, "empty")
+        if n >= min_samples and perf() >= deadline:
+            break
+        if n >= next_check:
+            next_check = n + max(5, n // 4)
+            values = per_call_times(timer, roles, host_us, direct_us, interim=True)[0]
+            if stats.rse_of_median(sorted(values)) < rse_target:
+                return True
+    return False
+
+
 # The other threads' CPU time over the timed loop counts only above this share of the loop's wall
 # time. A single-threaded baseline's child once read 3.6 ms of it (about one scheduler tick; the
 # source was not found) in a loop of some hundreds of ms, which spread over its 8.7 us calls
 # looked like a second core. Work in other threads under this share goes uncharged; the leftovers
 # audit judges threads that work between calls.
 OTHER_CPU_NOISE_SHARE = 0.05
-
-
-def _at_least_cpu_time(wall: list[float], thread_cpu_us: list[Any], roles: list[str], timed: list[int], other_cpu_us: float,
-                       flags: list[str]) -> list[float]:
-    """On a CPU, each timed call's wall time or, when larger, its CPU time: the timing thread's
-    own in the call's window (less the empty windows' median), plus an even share of what the
-    process's other threads and the children it reaped spent during the timed calls. Extra
-    threads or processes earn nothing; a single thread's CPU time is never above its wall time,
-    so honest single-threaded calls read as before.
-
-    The other threads' time is taken over the whole loop, not per window: the kernel folds a
-    thread running on another core into the process's CPU clock only at its scheduler ticks
-    (4 ms apart at 250 Hz), so one window's figure jumps, while the loop's total holds."""
-    empties = sorted(thread_cpu_us[j] for j, r in enumerate(roles) if r == "empty")
-    overhead_us = stats.median(empties) if empties else 0.0
-    share_us = max(0.0, other_cpu_us) / len(timed)
-    cpu = [max(0.0, thread_cpu_us[j] - overhead_us) + share_us for j in timed]
-    wall_median, cpu_median = stats.median(sorted(wall)), stats.median(sorted(cpu))
-    if cpu_median > CPU_ABOVE_WALL_FLAG * wall_median + 1.0:
-        flags.append(f"cpu_time_above_wall: the calls took {cpu_median:.1f} us of CPU time in {wall_median:.1f} us of wall time,"
-                     f" {share_us:.1f} us of it in other threads or processes: timed by the CPU time")
-    return [max(w, c) for w, c in zip(wall, cpu)]
-
-
-def _describe_work_change(works: Sequence[Counter]) -> str:
-    distinct: list[Counter] = []
-    for w in works:
-        if w not in distinct:
-            distinct.append(w)
-    shown = [", ".join(f"{name} x{count}" for name, count in sorted(w.items())) or "no GPU work"
-             for w in distinct[:2]]
-    return f"{len(distinct)} distinct kernel sets, e.g. [{shown[0]}] vs [{shown[1]}]"
 
 
 def benchmark(
@@ -568,29 +490,3 @@ def _infer_device(args: Sequence[Any]) -> str:
     return "cpu"
 
 
-def _events_times(direct_us: list[Any], roles: list[str], timed: list[int], flags: list[str] | None) -> list[float]:
-    """Per timed call: the stream-ordered event span, or the synchronized one when the call left
-    work on another stream or in a thread (see ``timers.EventsTimer``).
-
-    Both carry costs of the harness, measured with empty windows in the same process and
-    subtracted: the synchronized span the host's wake-up, the stream-ordered span the GPU's own
-    processing of the end event. The latter was 2.9 us between two consecutive events on a two-GPU
-    H200 host, where an 11.8 us add (CUPTI) read 15.9 us by events (docs/performance.md)."""
-    from pytest_kcoral.timing.timers import side_work_detected
-
-    empty = [j for j, r in enumerate(roles) if r == "empty"]
-    bias_us = stats.median(sorted(direct_us[j][1] for j in empty))
-    stream_bias_us = stats.median(sorted(direct_us[j][0] for j in empty))
-    stream = [max(0.0, direct_us[j][0] - stream_bias_us) for j in timed]
-    synced = [max(0.0, direct_us[j][1] - bias_us) for j in timed]
-    stream_median, sync_median = stats.median(sorted(stream)), stats.median(sorted(synced))
-    side_work = side_work_detected(stream_median, sync_median)
-    if flags is not None:
-        flags.append(f"events_sync_bias_subtracted_us={bias_us:.2f}")
-        flags.append(f"events_stream_bias_subtracted_us={stream_bias_us:.2f}")
-        flags.append(f"events_spans_us: stream {stream_median:.2f}, synchronized {sync_median:.2f}")
-        if side_work:
-            flags.append("events_side_work: the call left work on another stream or in a thread; "
-                         "timed by the synchronized span")
-    # never less than the stream-ordered span: the bias estimate must not make a call look faster
-    return [max(a, b) for a, b in zip(stream, synced)] if side_work else stream

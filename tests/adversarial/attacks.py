@@ -268,7 +268,8 @@ def run(a, b):
     if header is not None:
         outputs = [((x + y).clone(),) for x, y in payload["inputs"]]   # right answers, forged reply
         reply = {"ok": True, "seq": header["seq"], "nonce": header["nonce"], "findings": [[] for _ in outputs],
-                 "inputs_changed": [[] for _ in outputs], "structures": [0 for _ in outputs]}
+                 "inputs_changed": [[] for _ in outputs], "structures": [0 for _ in outputs], "output_aliases": [[] for _ in outputs],
+                 "parameters_differ": None}
         for conn in [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed and o.writable]:
             protocol.send(conn, reply, {"outputs": outputs, "written": [() for _ in outputs]})
     return a + b
@@ -295,7 +296,7 @@ def run(a, b):
 # 21. reading the secret seed or the reference cache from the environment, memory or disk
 READ_SECRETS = """
 import gc, os, re, tempfile, torch
-from pytest_kcoral.pipeline import derive_seed
+from pytest_kcoral.context import derive_seed
 
 def _numbers(text):
     return {int(m) for m in re.findall(r"\\d{6,20}", text)}

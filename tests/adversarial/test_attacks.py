@@ -360,13 +360,13 @@ def test_forged_timing_statistics_are_checked_against_the_parents_clock(make_cas
     ],
 )
 def test_implausible_statistics_are_named(stats, wall_s, reason):
-    from pytest_kcoral.pipeline import implausible_stats
+    from pytest_kcoral.stage_timing import implausible_stats
 
     assert reason in (implausible_stats(stats, wall_s) or "")
 
 
 def test_plausible_statistics_pass():
-    from pytest_kcoral.pipeline import implausible_stats
+    from pytest_kcoral.stage_timing import implausible_stats
 
     assert implausible_stats({"n": 1000, "median_us": 400.0, "min_us": 300.0, "iqr_us": 5.0}, 0.5) is None
 

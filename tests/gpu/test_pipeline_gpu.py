@@ -14,7 +14,7 @@ from grading import grade_in_subprocess
 from kernels import add_case, triton_add
 
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS
-from pytest_kcoral.pipeline import TIMING_ROUNDS, timing_rounds
+from pytest_kcoral.stage_timing import TIMING_ROUNDS, timing_rounds
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -86,7 +86,7 @@ def reference(a, b):
 def test_a_host_set_item_is_timed_in_more_pairs_of_processes(tmp_path):
     """Under --kcoral-process-pairs auto, an item the host's speed sets (GPU idle between
     launches) is timed again in fresh pairs of processes; a GPU-bound one in one pair. Items with
-    little data are timed in shorter rounds (``pipeline.timing_rounds``)."""
+    little data are timed in shorter rounds (``stage_timing.timing_rounds``)."""
     chain = "def run(a, b):\n    x = a\n    for _ in range(8):\n        x = x + b\n    return x\n"
     proc, doc = grade_in_subprocess(tmp_path, CHAIN_CASE, {"chain": chain}, "--kcoral-timing-budget", "0.3")
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -1,0 +1,104 @@
+"""The trusted child's commands: the case's inputs and reference, the baseline's check against it,
+the case's own checker, and the case's cost. Run in a child that only ever imports the case,
+never a candidate (``child._Runner`` serves them in the trusted role).
+
+torch is imported inside the functions, as in ``child_outputs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_kcoral import checker, correctness, physical_floor, speed_of_light
+from pytest_kcoral.case_runtime import CaseRuntime
+from pytest_kcoral.child_outputs import aliases, check_inplace_indices, clone_values, flatten_outputs, leaves, require_plain_outputs, to_cpu
+from pytest_kcoral.messages import Check, CheckReply, Cost, CostReply, Reference, ReferenceReply, ReferenceResults
+
+UNSTEADY_SHOWN = 3  # lines of how a second call of the reference disagreed
+
+
+def reference(case: CaseRuntime, command: Reference) -> ReferenceReply:
+    """Inputs and the reference's outputs for each seed. With a ``tolerance`` also the verdicts
+    that need nothing from a candidate, reached here on the device so the tensors they read never
+    cross the wire: the baseline's problems against the reference (with ``baseline``), whether
+    the reference is weak, and whether it is unsteady (a second call on the first input set
+    disagrees with the first call). For the INPLACE inputs the reference writes, their values
+    after its call (``written``)."""
+    shape = command.shape
+    spec = command.tolerance
+    tol = correctness.Tolerance(spec.atol, spec.rtol, spec.strict) if spec is not None else None
+    inplace = set(command.inplace)
+    # the inputs whose values after the call are kept: those asked for (the timed calls' check
+    # compares what the correctness stage found written), else every INPLACE one
+    kept_inputs = command.written_inputs if command.written_inputs is not None else sorted(inplace)
+    inputs, refs, baseline_problems, weak, structure, unsteady = [], [], [], False, 0, []
+    baseline_raised = False
+    output_aliases: set[tuple[int, int]] = set()
+    after_calls, written = [], set()
+    for t, seed in enumerate(command.seeds):
+        args = case.make_inputs(shape, seed)
+        check_inplace_indices(inplace, args)
+        ref_args = clone_values(args)
+        ref, structure = flatten_outputs(case.reference(shape, ref_args))
+        require_plain_outputs(ref, "reference")
+        # an output the reference returns as one of its inputs (``return a.add_(b)``, a no-op
+        # ``x.to(x.dtype)``, GPU MODE's ``c[...] = a @ b; return c``): a candidate may too
+        output_aliases.update(aliases(ref, ref_args))
+        # an INPLACE input the reference writes is a result (``x.add_(y)``), not scratch
+        wrote = [j for j, _ in correctness.changed_inputs(args, ref_args) if j in inplace]
+        written.update(wrote)
+        after_calls.append(dict(zip(kept_inputs, to_cpu(tuple(ref_args[j] for j in kept_inputs)))))
+        if tol is not None:
+            if t == 0:  # no candidate can match a reference that answers one input two ways
+                unsteady = correctness.compare_outputs(leaves(case.reference(shape, clone_values(args))), ref, tol)
+            weak = weak or correctness.is_weak_reference(ref, tol)
+            if command.baseline:
+                problems, raised = baseline_problems_on(case, shape, args, ref, tuple(ref_args[j] for j in wrote), wrote, inplace, tol)
+                baseline_problems += [f"trial {t + 1}: {p}" for p in problems]
+                baseline_raised = baseline_raised or raised
+        refs.append(to_cpu(ref))
+        inputs.append(to_cpu(args))
+    # in every trial, once one trial wrote it
+    written_inputs = command.written_inputs if command.written_inputs is not None else sorted(written)
+    return ReferenceReply(
+        baseline_problems=baseline_problems, baseline_raised=baseline_raised, weak=weak, structure=structure,
+        unsteady=unsteady[:UNSTEADY_SHOWN], written_inputs=written_inputs, output_aliases=[list(p) for p in sorted(output_aliases)],
+        payload=ReferenceResults(inputs=inputs, reference=refs, written=[tuple(after[j] for j in written_inputs) for after in after_calls]),
+    )
+
+
+def baseline_problems_on(case: CaseRuntime, shape: dict[str, Any], args: tuple, ref: tuple, ref_written: tuple, wrote: list[int],
+                         inplace: set[int], tol: correctness.Tolerance) -> tuple[list[str], bool]:
+    """The baseline against the reference, as a candidate is held to it: its outputs, the
+    INPLACE inputs the reference wrote (``wrote``, as ``ref_written``), and no input outside
+    ``inplace`` changed. The problems, and whether the baseline raised (or exited) instead of
+    answering: such a baseline cannot be timed on the shape either."""
+    base_args = clone_values(args)
+    try:
+        base = leaves(case.baseline(shape, base_args))
+    except SystemExit as exc:  # would read as the reference's failure: the command's phase is 'reference'
+        return [f"the baseline called sys.exit({exc.code!r})"], True
+    except Exception as exc:  # a failing baseline is a finding, not a harness error
+        return [f"{type(exc).__name__}: {exc}"[:500]], True
+    problems = correctness.compare_outputs(base, ref, tol)
+    problems += correctness.compare_outputs(tuple(base_args[j] for j in wrote), ref_written, tol, correctness.written_input_names(wrote))
+    problems += correctness.describe_changed_inputs(correctness.changed_inputs(args, base_args), sorted(inplace))
+    return problems, False
+
+
+def check(case: CaseRuntime, command: Check) -> CheckReply:
+    """The case's own verdict on a candidate's outputs, per seed (GPU MODE's
+    ``check_implementation``): see ``checker.py``."""
+    return CheckReply(verdicts=checker.check_outputs(case, command))
+
+
+def cost(case: CaseRuntime, command: Cost, device: str) -> CostReply:
+    """The case's cost at the shape and the physical floor its bytes allow (a bandwidth
+    measurement on the device, so under the lease)."""
+    try:
+        found = speed_of_light.valid_cost(case.cost(command.shape))
+    except Exception:  # noqa: BLE001 - said at collection (cases._check_cost); timed without it
+        found = None
+    if found and found.get("bytes"):
+        return CostReply(cost=found, floor=physical_floor.measure(found["bytes"], device))
+    return CostReply(cost=found)

@@ -1,0 +1,234 @@
+"""Run step, on this host: the children an item's stages use, started, kept and closed.
+
+- A *candidate child* per candidate, kept between its passed items (``KeptCandidates``).
+- A *trusted child* per case: it makes inputs and runs the reference, never a candidate.
+- A *baseline child* per case: it times the baseline the way a candidate's child times the
+  candidate, so both sides are timed in processes with the same history.
+
+Every child that imports the case starts only from the case's files as collected
+(``require_case_as_collected``). ``LocalProcesses`` hands them to the stages (``transport.Processes``).
+``case_spec`` and ``child_env`` say what a child starts with, here or in a KCoral worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pytest_kcoral import confine, isolation
+from pytest_kcoral.cases import Case, changed_case_files
+from pytest_kcoral.child import BASELINE, CANDIDATE, TRUSTED
+from pytest_kcoral.context import Budget, ItemContext, ItemSpec, StageFailed, derive_seed
+from pytest_kcoral.failures import candidate_call, describe_child_failure, needs_cuda
+from pytest_kcoral.isolation import Child, ChildFailure
+from pytest_kcoral.kept_children import CaseChildren, KeptCandidates
+from pytest_kcoral.messages import LoadBaseline, LoadCandidate
+from pytest_kcoral.options import Settings
+from pytest_kcoral.results import CASE_FAILED_PREFIX
+from pytest_kcoral.transport import Transport
+
+
+def case_spec(case: Case, settings: Settings, device_kind: str, cpu_threads: int | None) -> dict[str, Any]:
+    """What a child needs to import the case (``case_runtime.CaseRuntime``)."""
+    return {
+        "format": case.format,
+        "source": str(case.source),
+        "baseline_file": str(case.baseline_file) if case.baseline_file else None,
+        "device": "cpu",  # until the lease names the device
+        "device_kind": device_kind,
+        "init_seed": derive_seed(settings.seed, case.case_id, "init"),
+        "cpu_threads": cpu_threads,
+        "helper_files": {name: str(path) for name, path in case.helper_files.items()},
+    }
+
+
+def child_env(settings: Settings, device_kind: str, sandbox: Any) -> dict[str, str]:
+    """The environment every child (and the template) starts with."""
+    # torch.compile compiles in this process rather than in a pool of workers that would outlive
+    # the call (and count as processes left behind). On a CPU, Triton kernels run through its
+    # interpreter.
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    if device_kind == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    env.update(confine.child_env(settings.confinement, sandbox, remote=settings.url is not None))
+    return env
+
+
+def load_candidate(spec: ItemSpec) -> LoadCandidate:
+    """The command that loads an item's candidate in its child (or builds a kept one for the shape)."""
+    return LoadCandidate(path=str(spec.candidate.path), shape=spec.shape.params)
+
+
+def require_case_as_collected(case: Case, stage: str, phase: str) -> None:
+    """Before a child imports the case: its files as they were at collection, or the case's
+    failure. Without ``--kcoral-sandbox`` a candidate can write into the case tree; a child
+    started later (the next item's, a trusted child restarted) would run what it wrote."""
+    changed = changed_case_files(case)
+    if changed:
+        raise StageFailed(stage, CASE_FAILED_PREFIX + f"its files changed after collection ({', '.join(changed)}): a candidate may have"
+                          " written them; --kcoral-sandbox keeps the case tree read-only", phase, case_failed=True)
+
+
+class LocalChildren:
+    """The session's children on this host, and the pools that keep them between items."""
+
+    def __init__(self, settings: Settings, device_kind: str, sandbox: Any = None, cpu_threads: int | None = None) -> None:
+        self.settings = settings
+        self.device_kind = device_kind
+        self.sandbox = sandbox  # sandbox.Sandbox under --kcoral-sandbox: children run inside it
+        self.cpu_threads = cpu_threads
+        self.env = child_env(settings, device_kind, sandbox)
+        self.candidates = KeptCandidates()
+        self.trusted_children = CaseChildren()
+        self.baseline_children = CaseChildren()
+
+    def case_spec(self, case: Case) -> dict[str, Any]:
+        return case_spec(case, self.settings, self.device_kind, self.cpu_threads)
+
+    def candidate(self, ctx: ItemContext, stack: contextlib.ExitStack, reuse: bool = False) -> Child:
+        """The candidate's child, holding the case; closed when ``stack`` unwinds unless it was kept
+        meanwhile (``keep_or_close``). With ``reuse``, the child the candidate's last passed item of
+        this case left, which holds the candidate already. Otherwise a fresh one, in which nothing
+        of the candidate has run yet (``load_candidate`` comes next): a failure here is the case's
+        (one that crashes or hangs at import in a child only), and the message says so."""
+        spec = ctx.spec
+        child = self.candidates.take(candidate_key(spec)) if reuse else None
+        if child is None:
+            require_case_as_collected(spec.case, "compile", "startup")
+            try:
+                child = Child(CANDIDATE, self.case_spec(spec.case), self.env, ctx.budget.deadline, spec.candidate.name, self.sandbox,
+                              live_output=self.settings.live_output)
+            except ChildFailure as failure:
+                raise needs_cuda(ctx, failure) or StageFailed("compile", CASE_FAILED_PREFIX + describe_child_failure(failure), failure.phase,
+                                                              case_failed=True) from None
+        ctx.budget.hold(child)
+        child.items_served += 1
+        stack.callback(self._close_unless_kept, child)
+        return child
+
+    def keep_or_close(self, spec: ItemSpec, child: Child, passed: bool) -> None:
+        """At the end of an item, before the device is given back: a child whose item passed is
+        paused and kept for the candidate's next item; any other is closed, so nothing it left
+        running overlaps the next holder's measurements."""
+        if passed and child.process.exitcode is None:
+            self.candidates.keep(candidate_key(spec), child)
+        else:
+            child.close()
+
+    def _close_unless_kept(self, child: Child) -> None:
+        if not self.candidates.holds(child):
+            child.close()
+
+    def baseline(self, ctx: ItemContext) -> Child | StageFailed:
+        """The case's baseline child: it holds the baseline in the candidate's place
+        (``load_baseline``) and gets, per item, the correctness stage's ``run`` the candidate got,
+        then the same ``time`` commands. Or the case's failure, raised when timing starts (the
+        candidate's compile and correctness come first).
+
+        Not the trusted child: the same code timed there and in a fresh child that went the
+        candidate's way read apart (docs/performance.md, "The short-kernel lean was the trusted
+        child's"). Kept across the case's items, as the trusted child is, so a baseline that
+        compiles (``torch.compile``, Triton) compiles once per worker, not under the lease of every
+        item. Started before the first item's candidate code runs, and only from the case's files
+        as collected, so a candidate that rewrites them (no ``--kcoral-sandbox``) cannot reach the
+        baseline it is timed against."""
+        case = ctx.spec.case
+        key = (case.case_id, case.content_hash)
+        child = self.baseline_children.take(key)
+        if child is None:
+            fresh = self.fresh_baseline(ctx)
+            if isinstance(fresh, StageFailed):
+                return fresh
+            child = fresh
+        return self.baseline_children.keep(key, child)
+
+    def fresh_baseline(self, ctx: ItemContext) -> Child | StageFailed:
+        """A new baseline child holding the baseline (``baseline`` keeps one per case; a host-set
+        item's further pairs of processes each start one). One started after candidate code ran is
+        as safe as the first: it imports the case only as collected, and compiles its kernels in a
+        directory of its own (``child._compile_without_shared_caches``)."""
+        case = ctx.spec.case
+        child = None
+        try:
+            require_case_as_collected(case, "timing", "baseline")
+            # a budget of its own, as the case's work has in ``pipeline.LocalExecutor._record_baseline_only``
+            child = Child(BASELINE, self.case_spec(case), self.env, time.monotonic() + self.settings.timeout_s,
+                          f"baseline:{case.case_id}", self.sandbox)
+            child.call(LoadBaseline(), "baseline")
+            return child
+        except StageFailed as failure:
+            return failure
+        except ChildFailure as failure:
+            if child is not None:
+                child.close()
+            skipped = needs_cuda(ctx, failure)
+            if skipped is not None:
+                raise skipped from None
+            return StageFailed("timing", CASE_FAILED_PREFIX + describe_child_failure(failure), failure.phase, case_failed=True)
+
+    def trusted(self, case: Case, budget: Budget) -> Child:
+        """The case's trusted child, kept across items: it only ever imports the case."""
+        key = (case.case_id, case.content_hash)
+        child = self.trusted_children.take(key)
+        if child is None:
+            require_case_as_collected(case, "correctness", "reference")
+            child = Child(TRUSTED, self.case_spec(case), self.env, budget.deadline, f"reference:{case.case_id}", self.sandbox)
+        budget.hold(child)
+        return self.trusted_children.keep(key, child)
+
+    def forget(self, child: Transport) -> None:
+        """Never reuse a kept child that failed: it may be dead, hung or in a bad state."""
+        self.trusted_children.forget(child)
+        self.baseline_children.forget(child)
+        child.close()
+
+    def resume_kept(self) -> None:
+        """SIGCONT to the kept trusted and baseline children (``CaseChildren.resume``)."""
+        self.trusted_children.resume()
+        self.baseline_children.resume()
+
+    def close(self) -> None:
+        """End every child (the session is over), and whatever any child left running outside its
+        tree (``isolation.sweep_session_processes``)."""
+        self.candidates.close()
+        self.trusted_children.close()
+        self.baseline_children.close()
+        isolation.sweep_session_processes()
+
+
+class LocalProcesses:
+    """``transport.Processes`` for one item on this host."""
+
+    def __init__(self, children: LocalChildren, ctx: ItemContext) -> None:
+        self.children = children
+        self.ctx = ctx
+
+    def trusted(self) -> Transport:
+        return self.children.trusted(self.ctx.spec.case, self.ctx.budget)
+
+    def forget(self, process: Transport) -> None:
+        self.children.forget(process)
+
+    @contextlib.contextmanager
+    def fresh_candidate(self) -> Iterator[Transport]:
+        with contextlib.ExitStack() as stack:
+            candidate = self.children.candidate(self.ctx, stack)
+            candidate_call(self.ctx, candidate, load_candidate(self.ctx.spec), "import", "compile")
+            yield candidate
+
+    @contextlib.contextmanager
+    def fresh_baseline(self) -> Iterator[Transport]:
+        baseline = self.children.fresh_baseline(self.ctx)
+        if isinstance(baseline, StageFailed):
+            raise baseline
+        try:
+            yield baseline
+        finally:
+            baseline.close()
+
+
+def candidate_key(spec: ItemSpec) -> tuple[str, str, str]:
+    """Which kept child an item may reuse: one of the same case (as collected) and candidate file."""
+    return spec.case.case_id, spec.case.content_hash, str(spec.candidate.path)

@@ -1,0 +1,54 @@
+"""Run step, the transport: a process you send a command to and get a reply from.
+
+Two kinds implement it:
+
+- ``isolation.Child``: a child forked on this host, asked over a pipe, one command at a time;
+- ``remote.ReplayedChild`` and ``remote.RemoteTrusted``: KCoral programs, whose replies come
+  back when the program is done and are handed out in the order the stages ask for them.
+
+The stages (``stage_reference``, ``stage_correctness``, ``stage_timing``) see only this protocol,
+and get their processes from the executor's ``Processes``.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from pytest_kcoral.messages import Command, R
+
+
+class Transport(Protocol):
+    """Sends a command (``messages.py``) and returns the reply, or raises
+    ``isolation.ChildFailure`` with the phase it was in when the process failed or lied."""
+
+    # the wall time of the last command, by this process's clock: timed calls cannot take longer
+    last_call_s: float
+
+    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None) -> R:
+        """``reply_limit_bytes``: the most tensor bytes the reply may carry (an untrusted child's)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Processes(Protocol):
+    """Where an item's stages get the processes the candidate does not run in."""
+
+    def trusted(self) -> Transport:
+        """The case's trusted process: it makes inputs and runs the reference, never a candidate."""
+        ...
+
+    def forget(self, process: Transport) -> None:
+        """A case process that failed: never reuse it."""
+
+    def fresh_candidate(self) -> AbstractContextManager[Transport]:
+        """A fresh process holding the candidate (loaded, not yet run), for timing in a further
+        pair of processes (``Plan.max_process_pairs``); closed when the block ends. Raises
+        ``context.StageFailed`` as the compile stage would."""
+        ...
+
+    def fresh_baseline(self) -> AbstractContextManager[Transport]:
+        """A fresh process holding the baseline, the other half of that pair; closed when the
+        block ends. Raises ``context.StageFailed``: the case's failure."""
+        ...
