@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_kcoral import isolation
 from pytest_kcoral.child import BASELINE, CANDIDATE
+from pytest_kcoral.messages import LoadBaseline, LoadCandidate
 
 _start = isolation.Child.__init__
 _call = isolation.Child.call
@@ -24,11 +25,10 @@ def _start_as_baseline(self: isolation.Child, role: str, *args: Any, **kwargs: A
     _start(self, BASELINE if role == CANDIDATE else role, *args, **kwargs)
 
 
-def _load_the_baseline(self: isolation.Child, cmd: str, phase: str, payload: Any = None, reply_limit_bytes: int | None = None,
-                       **fields: Any) -> tuple[dict[str, Any], Any]:
-    if cmd == "load_candidate":
-        cmd, fields = "load_baseline", {}
-    return _call(self, cmd, phase, payload, reply_limit_bytes, **fields)
+def _load_the_baseline(self: isolation.Child, command: Any, phase: str, reply_limit_bytes: int | None = None) -> Any:
+    if isinstance(command, LoadCandidate):
+        command = LoadBaseline()
+    return _call(self, command, phase, reply_limit_bytes)
 
 
 def pytest_configure(config: Any) -> None:
