@@ -107,7 +107,7 @@ def main(conn: Connection, stdout: Connection, stderr: Connection, role: str, wo
     if role in (TRUSTED, BASELINE):
         _compile_without_shared_caches(workdir)
     try:
-        confine.confine_child(role, workdir, cuda=case_spec.get("device_kind") == "cuda")  # writes only here and to the caches
+        confine.confine_child(role, workdir)  # writes only here and to the caches
         runner = _Runner(role, case_spec)
     except BaseException as exc:  # noqa: BLE001 - the parent must hear why startup failed
         protocol.send(conn, dict(_error_reply(exc), seq=0))

@@ -11,7 +11,8 @@ What a confined child may write:
 - a candidate child: the session's compile caches (Triton, Inductor, torch extensions, CUDA's
   JIT cache, ``HOME``), one directory per session, removed at its end;
 - ``/dev/null``, ``/dev/zero``, ``/dev/full``, ``/dev/tty``, ``/dev/shm`` (multiprocessing's
-  semaphores), and the GPU's device nodes.
+  semaphores), and the GPU's device nodes;
+- its own threads' files under ``/proc/<its pid>/task`` (CUDA names its threads through them).
 
 Reading and executing stay allowed. Everything else is refused with ``PermissionError``: the lease
 directory, the report paths, site-packages (a ``.pth`` file there would run in every later Python
@@ -158,7 +159,7 @@ def child_env(setting: str, sandbox: Any = None, remote: bool = False) -> dict[s
     return {CONFINE_ENV: "landlock", CACHES_ENV: _caches["dir"]}
 
 
-def confine_child(role: str, workdir: str, cuda: bool = False) -> str | None:
+def confine_child(role: str, workdir: str) -> str | None:
     """In a child, right after it entered ``workdir``: point temp files and compile caches at the
     directories it may write, then apply Landlock. Returns what confines it (None: the session
     does not confine its children); raises ``ConfinementError`` when applying it fails."""
@@ -189,20 +190,7 @@ def confine_child(role: str, workdir: str, cuda: bool = False) -> str | None:
         "XDG_CACHE_HOME": os.path.join(home, ".cache"),
         "CUDA_CACHE_PATH": os.path.join(caches, "cuda"),
     })
-    if cuda:
-        _initialize_cuda_driver()
     return apply(writable)
-
-
-def _initialize_cuda_driver() -> None:
-    """Let the CUDA driver open what it needs before the confinement starts: confined children's
-    CUDA failed with error 304 on an H200, cause not found (docs/performance.md), and this is a
-    guess not yet run there. Only the driver (``cuInit``): no context, no device memory. A host
-    without the driver is left to fail later, as it would unconfined."""
-    try:
-        ctypes.CDLL("libcuda.so.1").cuInit(0)
-    except OSError:
-        pass
 
 
 def apply(writable: list[str]) -> str:
@@ -225,6 +213,9 @@ def apply(writable: list[str]) -> str:
             _allow(libc, ruleset, path, dir_rights)
         for path in [*_WRITABLE_DEVICES, *(p for pattern in _GPU_DEVICES for p in sorted(glob.glob(pattern)))]:
             _allow(libc, ruleset, path, file_rights if not os.path.isdir(path) else dir_rights)
+        # this process's own threads (``/proc/self`` resolves to its pid now): cuInit names the
+        # threads it starts through ``task/<tid>/comm``, and fails with error 304 when refused
+        _allow(libc, ruleset, "/proc/self/task", file_rights)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise ConfinementError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
         if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:

@@ -135,6 +135,35 @@ def run(a, b):
 
 
 @needs_landlock
+def test_a_child_names_its_own_threads_and_no_other_process(make_case, run_kcoral):
+    """CUDA's cuInit names the threads it starts through ``/proc/<pid>/task/<tid>/comm`` and fails
+    with error 304 when that write is refused: a confined child may write there for its own
+    threads, also those started after it was confined, and for no other process."""
+    source = f"""
+import os, threading
+def _name(path):
+    try:
+        with open(path, "w") as f:
+            f.write("kcoral-named")
+        return "named"
+    except OSError as exc:
+        return type(exc).__name__
+def run(a, b):
+    found = {{}}
+    worker = threading.Thread(target=lambda: found.update(thread=_name(f"/proc/self/task/{{threading.get_native_id()}}/comm")))
+    worker.start(); worker.join()
+    found["main"] = _name(f"/proc/self/task/{{threading.get_native_id()}}/comm")
+    found["template"] = _name(f"/proc/{{os.getppid()}}/comm")
+    found["pytest"] = _name("/proc/{os.getpid()}/comm")
+    raise RuntimeError("comm: " + ", ".join(f"{{k}}={{v}}" for k, v in sorted(found.items())))
+"""
+    make_case("cases/add", candidates={"names": source})
+    result = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*RuntimeError: comm: main=named, pytest=PermissionError, template=PermissionError, thread=named*"])
+
+
+@needs_landlock
 def test_an_honest_candidate_that_writes_its_own_files_passes(make_case, run_kcoral):
     make_case("cases/add", candidates={"honest": HONEST_WRITER})
     run_kcoral("-m", "seen").assert_outcomes(passed=1, deselected=1)
