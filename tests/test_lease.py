@@ -58,9 +58,10 @@ CONTENDER = textwrap.dedent(
     from pytest_kcoral.devices import DeviceSpec
     from pytest_kcoral.lease import LeaseManager
 
-    lease_dir, start_at, name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    lease_dir, name = sys.argv[1], sys.argv[2]
     manager = LeaseManager([DeviceSpec("cpu", "cpu", "test CPU")], Path(lease_dir), 20.0, holder=name)
-    time.sleep(max(0.0, start_at - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()  # both start together, however long each took to start
     for i in range(20):
         with manager.lease(label=f"{name}-{i}"):
             time.sleep(0.004)
@@ -73,12 +74,16 @@ CONTENDER = textwrap.dedent(
 def test_two_processes_take_turns(tmp_path: Path) -> None:
     script = tmp_path / "contender.py"
     script.write_text(CONTENDER)
-    start_at = f"{time.time() + 1.0}"
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(tmp_path / "leases"), start_at, name],
-                         stdout=subprocess.PIPE, text=True, env=child_env())
+        subprocess.Popen([sys.executable, str(script), str(tmp_path / "leases"), name],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
         for name in ("one", "two")
     ]
+    assert [p.stdout.readline() for p in procs if p.stdout is not None] == ["ready\n"] * 2
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
     histories = [json.loads(p.communicate(timeout=30)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     records = histories[0] + histories[1]
@@ -411,7 +416,7 @@ ACCOUNT = textwrap.dedent(
     from pytest_kcoral.devices import DeviceSpec
     from pytest_kcoral.lease import LeaseError, LeaseManager, LeaseTimeout
 
-    lease_dir, uid, group, hold_s, start_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+    lease_dir, uid, group, hold_s = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
     device = DeviceSpec("cpu", "cpu", "test CPU")
     with tempfile.TemporaryDirectory() as warm:  # filelock imports some of its modules at first use
         with LeaseManager([device], Path(warm), 1.0).lease():
@@ -423,7 +428,8 @@ ACCOUNT = textwrap.dedent(
     os.setgid(uid)
     os.setuid(uid)
     os.umask(0o077)
-    time.sleep(max(0.0, start_at - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()  # the test says when to start: the accounts before this one hold the device by then
     report = {"uid": uid}
     try:
         if hold_s < 0:  # a waiter: first a short wait that times out, naming the holder, then a long one
@@ -434,6 +440,7 @@ ACCOUNT = textwrap.dedent(
                 report["short_wait"] = str(exc)
         manager = LeaseManager([device], lease_dir, 10.0, holder=f"account {uid}")
         with manager.lease(label="x"):
+            print("holding", flush=True)
             time.sleep(max(hold_s, 0.05))
         report["history"] = manager.history
     except LeaseError as exc:
@@ -443,17 +450,31 @@ ACCOUNT = textwrap.dedent(
 )
 
 
-def _as_accounts(tmp_path: Path, lease_dir: Path, runs: list[tuple[int, int, float, float]]) -> list[dict]:
-    """Run ACCOUNT once per (uid, group, hold_s, start delay), each as that account; their reports."""
+def _as_accounts(tmp_path: Path, lease_dir: Path, runs: list[tuple[int, int, float]]) -> list[dict]:
+    """Run ACCOUNT once per (uid, group, hold_s), each as that account, in turn: each starts once the
+    one before it holds the device (or has failed to). Their reports."""
     script = tmp_path / "account.py"
     script.write_text(ACCOUNT)
-    t0 = time.time() + 1.0
-    procs = [subprocess.Popen([sys.executable, str(script), str(lease_dir), str(uid), str(group), str(hold), str(t0 + delay)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-             for uid, group, hold, delay in runs]
-    outputs = [p.communicate(timeout=60) for p in procs]
+    procs = [subprocess.Popen([sys.executable, str(script), str(lease_dir), str(uid), str(group), str(hold)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+             for uid, group, hold in runs]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ready\n", p.communicate(timeout=60)[1][-2000:]
+        started = []
+        for p in procs:
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            started.append(p.stdout.readline())  # "holding", or its report when it got no lease
+        outputs = [(first + out, err) for first, (out, err) in zip(started, (p.communicate(timeout=60) for p in procs))]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs] == [0] * len(procs), [err[-2000:] for _, err in outputs]
-    return [json.loads(out) for out, _ in outputs]
+    return [json.loads(out.splitlines()[-1]) for out, _ in outputs]
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as two accounts")
@@ -466,7 +487,7 @@ def test_two_accounts_share_a_group_lease_directory(tmp_path: Path) -> None:
     try:
         os.chown(shared, 0, group)
         os.chmod(shared, 0o2770)
-        holder, waiter = _as_accounts(tmp_path, shared, [(4171, group, 1.5, 0.0), (4172, group, -1.0, 0.3)])
+        holder, waiter = _as_accounts(tmp_path, shared, [(4171, group, 1.5), (4172, group, -1.0)])
         assert "error" not in holder and "error" not in waiter, (holder, waiter)
         assert "no device free" in waiter["short_wait"] and "account 4171" in waiter["short_wait"], waiter["short_wait"]
         (first,), (second,) = holder["history"], waiter["history"]
@@ -486,7 +507,7 @@ def test_another_accounts_lock_file_in_a_sticky_directory_is_a_clear_error(tmp_p
     shared = Path(tempfile.mkdtemp(prefix="kcoral-sticky-leases-", dir="/tmp"))
     try:
         os.chmod(shared, 0o1777)
-        holder, other = _as_accounts(tmp_path, shared, [(4181, 4181, 1.0, 0.0), (4182, 4182, 0.0, 0.3)])
+        holder, other = _as_accounts(tmp_path, shared, [(4181, 4181, 1.0), (4182, 4182, 0.0)])
         assert "error" not in holder, holder
         message = other["error"]
         assert str(shared / "cpu.lock") in message and "owned by uid 4181" in message and "sticky" in message, message
