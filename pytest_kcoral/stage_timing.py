@@ -35,8 +35,12 @@ from pytest_kcoral.transport import Processes, Transport
 
 T = TypeVar("T")
 
-# Timed-call samples kept for checking against the reference.
-VERIFIED_TIMED_CALLS = 2
+# Timed outputs checked against the reference. A candidate must skip its work on half of its timed
+# calls or more to move a median, so each check catches it with even odds at least: k checks let it
+# pass with chance 2**-k at most. Each check recomputes the reference, so large items get fewer.
+MIN_VERIFIED_TIMED_CALLS = 2
+MAX_VERIFIED_TIMED_CALLS = 8
+VERIFY_BYTES = 64 << 20  # inputs and results checked per item, up to MAX_VERIFIED_TIMED_CALLS
 TIMING_INPUT_SETS = 3
 # Per side, interleaved (``time_pair``). Short rounds: one process's speed changes within a second
 # or so, and a pair of rounds it slowed is left out (``combine.undisturbed_pairs``); with more
@@ -100,7 +104,8 @@ def time_item(ctx: ItemContext, candidate: Transport, baseline: Transport | Stag
     # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
     result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
     checked = timed_outputs_to_check([r for pair in pairs for r in pair.candidate], [v for pair in pairs for v in pair.verify],
-                                     combine.kept_rounds(pairs, "candidate"), random.Random(ctx.seed(ctx.spec.nodeid, "verify")))
+                                     combine.kept_rounds(pairs, "candidate"), random.Random(ctx.seed(ctx.spec.nodeid, "verify")),
+                                     verified_timed_calls(item_bytes(ref)))
     with timed_phase(result, "verify"):
         verify_timed_outputs(ctx, checked, ref, processes)
     check_floor(ctx, floor, baseline_stats, candidate_stats)
@@ -146,7 +151,7 @@ def time_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: 
     (``combine.undisturbed_pairs``). Which side goes first need not be neutral
     (``alternating_sides``). The candidate keeps timed outputs in every round; one of its fastest
     round's is checked against the reference, and others drawn from the session seed, so no
-    round is safe to cheat in (``timed_outputs_to_check``)."""
+    round is safe to cheat in (``timed_outputs_to_check``, ``verified_timed_calls``)."""
     keep = timed_alike.verify
     pair = combine.ProcessPair(first=first)
 
@@ -264,7 +269,7 @@ def time_command(ctx: ItemContext, ref: ReferenceData) -> Time:
     and the timed outputs each round keeps for the check."""
     rounds = rounds_of(ctx, ref)
     return Time(shape=ctx.spec.shape.params, device=ctx.device, n_sets=TIMING_INPUT_SETS, budget_s=timing_budget_s(ctx) / rounds,
-                timer=ctx.settings.timer, verify=max(1, VERIFIED_TIMED_CALLS // rounds), written_inputs=list(ref.written_inputs))
+                timer=ctx.settings.timer, verify=-(-verified_timed_calls(item_bytes(ref)) // rounds), written_inputs=list(ref.written_inputs))
 
 
 def timing_budget_s(ctx: ItemContext) -> float:
@@ -276,7 +281,17 @@ def rounds_of(ctx: ItemContext, ref: ReferenceData) -> int:
     """The plan's rounds a side, or ``timing_rounds`` for the item's device and size."""
     if ctx.plan.rounds is not None:
         return ctx.plan.rounds
-    return timing_rounds(ctx.device_kind, tensor_bytes(ref.inputs[0]) + result_bytes(ref), timing_budget_s(ctx))
+    return timing_rounds(ctx.device_kind, item_bytes(ref), timing_budget_s(ctx))
+
+
+def item_bytes(ref: ReferenceData) -> int:
+    """What one input set and its results (outputs and in-place results) take."""
+    return tensor_bytes(ref.inputs[0]) + result_bytes(ref)
+
+
+def verified_timed_calls(item_bytes: int) -> int:
+    """How many timed outputs are checked for an item of ``item_bytes``."""
+    return max(MIN_VERIFIED_TIMED_CALLS, min(MAX_VERIFIED_TIMED_CALLS, VERIFY_BYTES // max(item_bytes, 1)))
 
 
 def check_floor(ctx: ItemContext, floor: dict[str, Any] | None, baseline: TimingStats | None, candidate: TimingStats | None) -> None:
@@ -347,8 +362,8 @@ def verify_timed_outputs(ctx: ItemContext, verify: list[TimedOutput], ref: Refer
 
 
 def timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[T]], kept_rounds: list[int] | None,
-                           rng: random.Random) -> list[T]:
-    """``VERIFIED_TIMED_CALLS`` of the candidate's kept timed outputs (``kept_outputs``: per
+                           rng: random.Random, count: int) -> list[T]:
+    """``count`` of the candidate's kept timed outputs (``kept_outputs``: per
     round): one of its fastest round's among those that set its time (``kept_rounds``, from
     ``combine.undisturbed_pairs``; None: all), the rest drawn from all the others. A candidate
     that skips its work to be fast is fastest where it skipped, and that round is always checked."""
@@ -358,7 +373,7 @@ def timed_outputs_to_check(rounds: list[TimingStats], kept_outputs: list[list[T]
     fastest = min(timed, key=lambda r: rounds[r].median_us)
     first = kept_outputs[fastest][rng.randrange(len(kept_outputs[fastest]))]
     others = [v for entries in kept_outputs for v in entries if v is not first]
-    return [first, *rng.sample(others, min(len(others), VERIFIED_TIMED_CALLS - 1))]
+    return [first, *rng.sample(others, min(len(others), count - 1))]
 
 
 def implausible_stats(stats: TimingStats | dict[str, Any] | None, parent_wall_s: float) -> str | None:

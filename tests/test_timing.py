@@ -502,20 +502,31 @@ def test_the_fastest_rounds_timed_output_is_always_checked():
     """A candidate that skips its work to be fast is fastest where it skipped: one of the
     fastest kept round's timed outputs is always among those checked against the reference,
     whatever the draw."""
-    from pytest_kcoral.stage_timing import VERIFIED_TIMED_CALLS
     from pytest_kcoral.stage_timing import timed_outputs_to_check as _timed_outputs_to_check
 
     rounds = _rounds([20.0, 20.0, 19.0, 20.0, 20.0, 18.0, 20.0, 20.0])  # round 5 skipped some of its work
     kept = [[{"round": r}] for r in range(8)]
     for seed in range(200):
-        checked = _timed_outputs_to_check(rounds, kept, list(range(8)), random.Random(seed))
-        assert len(checked) == VERIFIED_TIMED_CALLS
+        checked = _timed_outputs_to_check(rounds, kept, list(range(8)), random.Random(seed), 2)
+        assert len(checked) == 2
         assert {"round": 5} in checked
     # the fastest among the rounds that set the time: a left-out round does not count
-    assert all({"round": 2} in _timed_outputs_to_check(rounds, kept, [0, 2, 3], random.Random(seed)) for seed in range(50))
+    assert all({"round": 2} in _timed_outputs_to_check(rounds, kept, [0, 2, 3], random.Random(seed), 2) for seed in range(50))
     # and the others are drawn: over many draws every other round gets checked too
-    drawn = {c["round"] for seed in range(200) for c in _timed_outputs_to_check(rounds, kept, None, random.Random(seed))}
+    drawn = {c["round"] for seed in range(200) for c in _timed_outputs_to_check(rounds, kept, None, random.Random(seed), 2)}
     assert drawn == set(range(8))
+    # as many as asked for, each kept output at most once
+    assert sorted(c["round"] for c in _timed_outputs_to_check(rounds, kept, None, random.Random(0), 8)) == list(range(8))
+
+
+def test_small_items_get_more_timed_outputs_checked():
+    """Each check recomputes the reference: a small item gets the most checks, a large one the
+    fewest, and never fewer than two."""
+    from pytest_kcoral.stage_timing import MAX_VERIFIED_TIMED_CALLS, MIN_VERIFIED_TIMED_CALLS, VERIFY_BYTES, verified_timed_calls
+
+    assert verified_timed_calls(4096) == MAX_VERIFIED_TIMED_CALLS == 8
+    assert verified_timed_calls(VERIFY_BYTES // 4) == 4
+    assert verified_timed_calls(VERIFY_BYTES) == verified_timed_calls(10 * VERIFY_BYTES) == MIN_VERIFIED_TIMED_CALLS == 2
 
 
 def test_combine_rounds_refuses_mixed_methods_and_empty_input():

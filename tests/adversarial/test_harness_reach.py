@@ -115,3 +115,29 @@ def test_a_hook_on_a_seeding_callee_never_sees_the_refreshs_seed(make_case, run_
     hook = _item(pytester, "hook")
     # the answer made in the refresh: the call itself only looked it up
     assert hook["speedup"] is None or hook["speedup"] < 1.3, hook["speedup"]
+
+
+# Caches its last output per input buffer, and answers from that stale cache on 60% of the calls
+# on a buffer it has seen: every correctness trial is a first call, only timed calls repeat.
+SOMETIMES_STALE = """
+import os
+_last = {}
+
+def run(a, b):
+    key = (a.data_ptr(), b.data_ptr())
+    if key in _last and os.urandom(1)[0] < 154:
+        return _last[key]
+    _last[key] = a @ b
+    return _last[key]
+"""
+
+
+def test_skipping_the_work_on_most_timed_calls_is_caught(make_case, run_kcoral, pytester):
+    """Two checked timed outputs let such a candidate through in about half the sessions, at
+    9-31x; a small item now gets eight checks, which it passes with chance 0.4**8."""
+    make_case("cases/mm", MATMUL_CASE, {"stale": SOMETIMES_STALE, "honest": HONEST})
+    result = run_kcoral("--kcoral-json", "out.json", "--kcoral-timing-budget", "0.2")
+    result.assert_outcomes(passed=1, failed=1)
+    stale = _item(pytester, "stale")
+    assert stale["phase"] == "verify" and "the outputs of timed calls are wrong" in stale["message"], stale["message"]
+    assert _item(pytester, "honest")["outcome"] == "passed"
