@@ -377,7 +377,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise CaseError(path, f"invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        raise CaseError(path, f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 def _load_kcoral_bench(folder: Path, case_id: str) -> Case:

@@ -178,7 +178,7 @@ class KernelItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.candidate.path, None, f"{self.case.case_id}::{self.name}"
+        return self.candidate.path, None, self.nodeid  # a failure's header: the id that selects the item
 
 
 def _relative_to(path: Path, root: Path) -> str:

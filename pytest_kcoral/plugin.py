@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kcoral import confine, options
+from pytest_kcoral import confine, lease_plugin, options, scheduling
 from pytest_kcoral.candidates import bundled_candidate_at, submission_files
 from pytest_kcoral.cases import KERNELBENCH_PROBLEM_FILE, case_folder_for, is_case_folder, is_kernelbench_problem_file
 from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool
@@ -66,8 +66,10 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--kcoral-confinement landlock: children cannot be confined here ({status})")
     config.stash[settings_key] = settings
     _stop_on_sigterm_as_on_ctrl_c(config)
-    config.pluginmanager.import_plugin("pytest_kcoral.lease_plugin")
-    config.pluginmanager.import_plugin("pytest_kcoral.scheduling")
+    for plugin in (lease_plugin, scheduling):
+        # registered as imported: import_plugin would warn that an imported module cannot be rewritten
+        if not config.pluginmanager.is_registered(plugin) and config.pluginmanager.get_plugin(plugin.__name__) is None:
+            config.pluginmanager.register(plugin, plugin.__name__)
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     # scores and reports: written once, by the controller (the session object idles on workers)

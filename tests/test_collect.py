@@ -380,10 +380,10 @@ def test_malformed_case_is_a_collection_error_and_the_rest_run(pytester, make_ca
 def test_malformed_bench_json(pytester, run_kcoral):
     folder = pytester.path / "bench_bad"
     folder.mkdir()
-    (folder / "bench.json").write_text("{not json")
+    (folder / "bench.json").write_text('{"cases": [{"n": 64},], "atol": 1e-5}')  # a trailing comma, on one line
     (folder / "bench.py").write_text(KCORAL_BENCH_PY)
     result = run_kcoral("--kcoral-mode", "correctness")
-    result.stdout.fnmatch_lines(["*bench_bad/bench.json: invalid JSON at line 1*"])
+    result.stdout.fnmatch_lines(["*bench_bad/bench.json: invalid JSON at line 1, column 22: Expecting value*"])
     result.assert_outcomes(errors=1)
 
 

@@ -173,6 +173,14 @@ def test_main_renders_a_saved_document(tmp_path: Path):
     assert html_report.main([str(saved)]) == 2
 
 
+def test_main_names_a_file_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    (tmp_path / "notes.txt").write_text("not json")
+    for path in (tmp_path / "notes.txt", tmp_path / "missing.json"):
+        assert html_report.main([str(path), str(tmp_path / "page.html")]) == 2
+        assert f"{path}: not a --kcoral-json document" in capsys.readouterr().err
+    assert not (tmp_path / "page.html").exists()
+
+
 # -- the session writes it -------------------------------------------------------------------------
 
 FAKE_PIPELINE = textwrap.dedent("""

@@ -107,6 +107,7 @@ def test_a_level_folder_and_a_run_folder_grade_with_pass_at_k_and_a_warning_for_
     # problem 1: three samples; problem 2: one sample on two shapes
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines([
+        "*_ KernelBench/level1/1_Add.py::gpt/sample_1[[]seen-default] _*",  # a failure's header is its id
         "*--kcoral-submissions *runs/gpt: 2 file(s) match no collected case and are not graded:"
         " level_1_problem_7_sample_0_kernel.py, level_2_problem_2_sample_0_kernel.py*",
         "*FAILED KernelBench/level1/1_Add.py::gpt/sample_1[[]seen-default]*",

@@ -143,6 +143,16 @@ def test_loading_the_plugin_imports_no_torch() -> None:
     assert out.strip() == "[]"
 
 
+def test_loading_the_plugin_warns_of_nothing(tmp_path: Path) -> None:
+    """Every run loads the plugin: pytest's warning that an imported module cannot be rewritten
+    (a sub-plugin imported before pytest registers it) reached every user's summary."""
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "-q", "-W", "error"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Warning" not in proc.stdout + proc.stderr
+
+
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 80

@@ -570,7 +570,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 2:
         sys.stderr.write("usage: python -m pytest_kcoral.report.html RESULTS.json REPORT.html\n")
         return 2
-    doc = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    try:
+        doc = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # a wrong path or file: one line, not a traceback
+        sys.stderr.write(f"{args[0]}: not a --kcoral-json document ({type(exc).__name__}: {exc})\n")
+        return 2
     write_html(args[1], doc)
     return 0
 
