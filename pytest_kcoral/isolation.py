@@ -12,6 +12,7 @@ early exit, a timeout or garbage on the wire becomes a ``ChildFailure`` naming t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import multiprocessing
 import multiprocessing.forkserver
@@ -384,6 +385,7 @@ class Child:
         self._nonce = 0
         self.last_call_s = 0.0  # the parent's own clock around the last command
         self.paused = False
+        self._paused_below: list[int] = []  # descendants outside its group that ``pause`` stopped
         self.items_served = 0  # items this child ran a candidate for (``kept_children``)
         self.timed_out = False
         try:
@@ -502,18 +504,30 @@ class Child:
 
     def pause(self) -> None:
         """Stop the child and everything in its process group (SIGSTOP), so a kept child runs
-        nothing while other items hold the device: it cannot launch work or take a core."""
+        nothing while other items hold the device: it cannot launch work or take a core. What it
+        detached (setsid) is in no group the signal reaches: the child is its subreaper, so it is
+        found below the child and stopped first, and once more after the child (what it started
+        meanwhile)."""
+        pid = self.process.pid
+        below = set(leftovers.stop_tree(pid)) if pid is not None else set()
         self._signal_group(signal.SIGSTOP)
         self.paused = True
         # a signal is delivered in its own time: wait until the child is stopped, so that it is
         # before the caller gives the device back
-        if self.process.pid is not None:
-            leftovers.wait_stopped(self.process.pid, timeout_s=2.0)
+        if pid is not None:
+            leftovers.wait_stopped(pid, timeout_s=2.0)
+            below.update(leftovers.stop_tree(pid))
+        self._paused_below = sorted(below)
 
     def resume(self) -> bool:
         """Continue a paused child; False when it is no longer alive (killed while kept)."""
         self._signal_group(signal.SIGCONT)
         self.paused = False
+        if self.process.pid is not None:  # those still below it: a pid may have been reused meanwhile
+            for pid in set(leftovers.descendants(self.process.pid)) & set(self._paused_below):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGCONT)
+        self._paused_below = []
         return self.process.exitcode is None
 
     def _signal_group(self, signum: int) -> None:

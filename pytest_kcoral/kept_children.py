@@ -4,7 +4,7 @@
   items run, and reused by the candidate's next item of the case. A fresh child per item cost each
   item a process start, a CUDA context and the candidate's own warm-up (Triton's JIT,
   ``torch.compile``) again; now it compiles each shape once. Kept children are stopped (SIGSTOP on
-  their process group) while kept: nothing a candidate left behind can run while another item
+  their process group, and on what they detached below them) while kept: nothing a candidate left behind can run while another item
   holds the device. A child whose item failed in any way is never kept.
 - ``CaseChildren``: a case's trusted children, or its baseline children, one per case, kept
   across its items: they never run a candidate, and reusing them saves a process start, a case

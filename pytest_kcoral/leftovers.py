@@ -165,8 +165,8 @@ def _descendants_by_scan(root: int) -> list[int]:
     return found
 
 
-def kill_tree(root: int, include_root: bool = False, rounds: int = 50) -> list[int]:
-    """Freeze every descendant of ``root`` until none is new, then kill them; returns their pids."""
+def stop_tree(root: int, rounds: int = 50) -> list[int]:
+    """Freeze every descendant of ``root`` (SIGSTOP) until none is new; returns their pids."""
     frozen: set[int] = set()
     for _ in range(rounds):
         new = [p for p in descendants(root) if p not in frozen]
@@ -175,10 +175,16 @@ def kill_tree(root: int, include_root: bool = False, rounds: int = 50) -> list[i
         for pid in new:
             _signal(pid, signal.SIGSTOP)
             frozen.add(pid)
-    targets = sorted(frozen) + ([root] if include_root else [])
+    return sorted(frozen)
+
+
+def kill_tree(root: int, include_root: bool = False, rounds: int = 50) -> list[int]:
+    """Freeze every descendant of ``root`` until none is new, then kill them; returns their pids."""
+    frozen = stop_tree(root, rounds)
+    targets = frozen + ([root] if include_root else [])
     for pid in targets:
         _signal(pid, signal.SIGKILL)
-    return sorted(frozen)
+    return frozen
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -826,3 +826,46 @@ def _bwrap_works() -> bool:
     from test_sandbox import _bwrap_works as works
 
     return works()
+
+
+# A process the candidate detached (setsid) is idle when audited, so it may stay, and it is in no
+# process group the kept child's SIGSTOP reaches: it ran on during the other candidates' items
+# (here it only notes that it ran while its child was stopped; it could take cores or, on a GPU,
+# launch work). ``Child.pause`` now stops what lies below the child too.
+RUNS_WHILE_KEPT = """
+import os
+import time
+
+CHILD = os.getpid()
+MARK = {mark!r}
+
+def _state(pid):
+    try:
+        with open(f"/proc/{{pid}}/stat", "rb") as f:
+            s = f.read()
+        return s[s.rfind(b")") + 2:].split()[0]
+    except OSError:
+        return b"?"
+
+if os.fork() == 0:
+    os.setsid()  # out of the child's process group
+    while _state(CHILD) not in (b"?", b"Z", b"X"):
+        time.sleep(0.05)  # idle by the audit's measure
+        if _state(CHILD) in (b"T", b"t"):
+            with open(MARK, "w") as f:
+                f.write("ran while the child was kept, stopped")
+            break
+    os._exit(0)
+
+def run(a, b):
+    return a + b
+"""
+
+
+def test_nothing_a_kept_child_left_runs_while_it_is_paused(make_case, run_kcoral, pytester):
+    mark = pytester.path / "ran-while-kept"
+    make_case("cases/add", TWO_SEEN_SHAPES, {"attack": RUNS_WHILE_KEPT.format(mark=str(mark)), "other": "def run(a, b):\n    return a + b\n"})
+    # unconfined, so that the detached process can leave a mark where the test reads it
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-confinement", "off", "-p", "no:randomly", "-v")
+    result.assert_outcomes(passed=4)
+    assert not mark.exists(), "a process the candidate detached ran on while its kept child was paused"
