@@ -16,8 +16,10 @@ baseline and the candidate are timed in two processes, so such a lottery passes 
 from __future__ import annotations
 
 import ctypes
+import hmac
 import os
 import warnings
+from multiprocessing import spawn
 
 from pytest_kcoral import leftovers
 
@@ -32,7 +34,30 @@ def without_transparent_huge_pages() -> bool:
         return False
 
 
+def only_with_the_key(key: bytes) -> None:
+    """Serve a launch only when it starts with the session's key (``isolation._connect_with_the_key``):
+    any process of the user can reach the template's socket (``/proc/net/unix`` names it), and a
+    confined child would otherwise have the template fork an unconfined process that unpickles
+    what the child sent. Runs in the template's fork, before anything sent is unpickled."""
+    serve = spawn._main
+
+    def _main(fd: int, parent_sentinel: int) -> int:
+        sent = b""
+        while len(sent) < len(key) and (chunk := os.read(fd, len(key) - len(sent))):
+            sent += chunk
+        if not hmac.compare_digest(sent, key):
+            os._exit(1)
+        return serve(fd, parent_sentinel)
+
+    spawn._main = _main
+
+
 warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
+_key_file = os.environ.pop("KCORAL_TEMPLATE_KEY_FILE", None)  # isolation.TEMPLATE_KEY_ENV
+if _key_file:
+    with open(_key_file, "rb") as _f:  # read and removed before any child exists
+        only_with_the_key(_f.read())
+    os.unlink(_key_file)
 leftovers.become_subreaper()
 if os.environ.pop(leftovers.TEMPLATE_DIES_WITH_PARENT_ENV, None) == "1":
     leftovers.die_with_parent()

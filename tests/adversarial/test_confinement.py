@@ -234,3 +234,65 @@ def test_a_gpu_host_confines_only_when_asked(make_case, run_kcoral, pytester, mo
     assert json.loads((pytester.path / "out.json").read_text())["environment"]["confinement"].startswith("landlock ABI")
     auto = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
     auto.stdout.fnmatch_lines(["NOT CONFINED: * (none: not yet verified with CUDA on a GPU host *"])
+
+
+# The template is a multiprocessing forkserver: it forks a process for whoever connects to its Unix
+# socket, and that process unpickles what it reads. A confined candidate found the socket in
+# /proc/net/unix and sent a pickle that runs a command: the command ran outside the confinement
+# and wrote into the case tree (a .pth in site-packages would run in every later session).
+THROUGH_THE_TEMPLATE = """
+import os
+import pickle
+import socket
+
+MARK = {mark!r}
+OWN_DIR = {own_dir!r}  # this session's sockets only: other sessions of the user listen too
+
+
+class _Command:
+    def __reduce__(self):
+        return (os.system, (f"echo unconfined > {{MARK}}",))
+
+
+def _key():
+    # the template's environment as it started, where Landlock lets a child read it
+    try:
+        with open(f"/proc/{{os.getppid()}}/environ", "rb") as f:
+            for entry in f.read().split(b"\\0"):
+                if entry.startswith(b"KCORAL_TEMPLATE_KEY="):
+                    return entry.split(b"=", 1)[1]
+    except OSError:
+        pass
+    return b""
+
+
+with open("/proc/net/unix") as f:
+    addresses = [line.split()[-1] for line in f.read().splitlines()[1:] if line.split()[-1].startswith(OWN_DIR)]
+for address in addresses:
+    r, w = os.pipe()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(address)
+        # child_r, child_w, the alive fd, the resource tracker's fd
+        socket.send_fds(s, [bytes([4])], [r, w, w, w])
+        os.write(w, _key() + pickle.dumps(_Command()))
+print("sent through", addresses)
+
+
+def run(a, b):
+    return a + b
+"""
+
+
+@needs_landlock
+def test_a_candidate_cannot_have_the_template_fork_an_unconfined_process(make_case, run_kcoral, pytester):
+    import multiprocessing.util
+    import time
+
+    folder = make_case("cases/add")
+    mark = folder / "MARK"
+    own_dir = multiprocessing.util.get_temp_dir()  # where this process's template listens
+    make_case("cases/add", candidates={"attack": THROUGH_THE_TEMPLATE.format(mark=str(mark), own_dir=own_dir)})
+    result = run_kcoral("--kcoral-mode", "correctness", "-s")
+    assert "sent through ['" + own_dir in result.stdout.str(), result.stdout.str()[-2000:]
+    time.sleep(1.0)  # what the template forked runs on its own time
+    assert not mark.exists(), "the template forked an unconfined process for the candidate"
