@@ -54,14 +54,11 @@ _launch_lock = threading.Lock()
 # In the environment of the template, so of every child and whatever they start: how processes of
 # this pytest process are told apart from anyone else's once they have left the template's tree.
 SESSION_ENV = "KCORAL_SESSION"
-# a file holding the key: the template reads and removes it before any child exists (a child can
-# read the template's environment)
-TEMPLATE_KEY_ENV = "KCORAL_TEMPLATE_KEY_FILE"
+# The only process the template takes launches from (``template.only_from``): any process of the
+# user can connect to its socket, and what the template forks for it unpickles what it sent, outside
+# every child's confinement. A secret would not do: every child is a fork of the template.
+TEMPLATE_CLIENT_ENV = "KCORAL_TEMPLATE_CLIENT_PID"
 _session_token = secrets.token_hex(12)
-# Every launch through the template's socket starts with this key (``_TemplatePopen._launch``): any
-# process of the user can connect to the socket, and the template's fork of it would unpickle what
-# it sent, outside every child's confinement (``template.py`` refuses a launch without the key).
-_template_key_bytes = secrets.token_hex(16).encode()
 _get_preparation_data = spawn.get_preparation_data
 
 
@@ -82,30 +79,10 @@ class _TemplatePopen(popen_forkserver.Popen):
     def _launch(self, process_obj: Any) -> None:
         with _launch_lock:
             spawn.get_preparation_data = _preparation_without_main
-            connect = multiprocessing.forkserver.connect_to_new_process
             try:
-                multiprocessing.forkserver.connect_to_new_process = _connect_with_the_key  # type: ignore[assignment]
                 super()._launch(process_obj)  # type: ignore[misc]  # private: typeshed leaves it out
             finally:
                 spawn.get_preparation_data = _get_preparation_data
-                multiprocessing.forkserver.connect_to_new_process = connect  # type: ignore[assignment]
-
-
-def _write_template_key(sandbox: Any) -> str:
-    """The key in a file of this user's only, where the template can read it (in the sandbox's
-    workspace under ``--kcoral-sandbox``: the template starts in bubblewrap, with a fresh ``/tmp``)."""
-    fd, path = tempfile.mkstemp(prefix="kcoral-template-key-", dir=getattr(sandbox, "workspace", None))
-    with os.fdopen(fd, "wb") as f:
-        f.write(_template_key_bytes)
-    return path
-
-
-def _connect_with_the_key(fds: Any) -> tuple[int, int]:
-    """``forkserver.connect_to_new_process``, the key written first into the pipe the template's
-    fork reads the launch from (``template.py``)."""
-    sentinel, w = multiprocessing.forkserver._forkserver.connect_to_new_process(fds)
-    os.write(w, _template_key_bytes)  # 32 bytes: far below a pipe's buffer, so it never blocks
-    return sentinel, w
 
 
 class _TemplateProcess(mp_context.ForkServerProcess):
@@ -133,7 +110,7 @@ def ensure_template(env: dict[str, str], sandbox: Any = None) -> None:
             # another sandbox setting, or a template that died (a candidate can kill it: same user):
             # multiprocessing would start a new one by itself, outside the sandbox
             stop_template()
-        env = dict(env, **{SESSION_ENV: _session_token, TEMPLATE_KEY_ENV: _write_template_key(sandbox)})
+        env = dict(env, **{SESSION_ENV: _session_token, TEMPLATE_CLIENT_ENV: str(os.getpid())})
         if threading.current_thread() is threading.main_thread():
             env[leftovers.TEMPLATE_DIES_WITH_PARENT_ENV] = "1"
         saved = {k: os.environ.get(k) for k in env}

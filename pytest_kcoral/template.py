@@ -16,10 +16,12 @@ baseline and the candidate are timed in two processes, so such a lottery passes 
 from __future__ import annotations
 
 import ctypes
-import hmac
+import errno
 import os
+import socket
+import struct
 import warnings
-from multiprocessing import spawn
+from multiprocessing import reduction
 
 from pytest_kcoral import leftovers
 
@@ -34,30 +36,28 @@ def without_transparent_huge_pages() -> bool:
         return False
 
 
-def only_with_the_key(key: bytes) -> None:
-    """Serve a launch only when it starts with the session's key (``isolation._connect_with_the_key``):
-    any process of the user can reach the template's socket (``/proc/net/unix`` names it), and a
-    confined child would otherwise have the template fork an unconfined process that unpickles
-    what the child sent. Runs in the template's fork, before anything sent is unpickled."""
-    serve = spawn._main
+def only_from(client_pid: int) -> None:
+    """Take launches from ``client_pid`` only (the pytest process that started the template), by
+    the kernel's word on who connected (``SO_PEERCRED``). Any process of the user can reach the
+    template's socket (``/proc/net/unix`` names it), and the process forked for a launch unpickles
+    what was sent, outside every child's confinement. Another peer's connection is dropped before
+    anything is read from it."""
+    receive = reduction.recvfds
 
-    def _main(fd: int, parent_sentinel: int) -> int:
-        sent = b""
-        while len(sent) < len(key) and (chunk := os.read(fd, len(key) - len(sent))):
-            sent += chunk
-        if not hmac.compare_digest(sent, key):
-            os._exit(1)
-        return serve(fd, parent_sentinel)
+    def recvfds(sock: socket.socket, size: int) -> list[int]:
+        peer_pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        if peer_pid != client_pid:
+            # the forkserver's loop drops a connection that fails so and serves the next
+            raise ConnectionAbortedError(errno.ECONNABORTED, f"a launch from pid {peer_pid}, not {client_pid}: refused")
+        return receive(sock, size)
 
-    spawn._main = _main
+    reduction.recvfds = recvfds
 
 
 warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
-_key_file = os.environ.pop("KCORAL_TEMPLATE_KEY_FILE", None)  # isolation.TEMPLATE_KEY_ENV
-if _key_file:
-    with open(_key_file, "rb") as _f:  # read and removed before any child exists
-        only_with_the_key(_f.read())
-    os.unlink(_key_file)
+_client_pid = os.environ.pop("KCORAL_TEMPLATE_CLIENT_PID", None)  # isolation.TEMPLATE_CLIENT_ENV
+if _client_pid:
+    only_from(int(_client_pid))
 leftovers.become_subreaper()
 if os.environ.pop(leftovers.TEMPLATE_DIES_WITH_PARENT_ENV, None) == "1":
     leftovers.die_with_parent()
