@@ -54,9 +54,8 @@ _launch_lock = threading.Lock()
 # In the environment of the template, so of every child and whatever they start: how processes of
 # this pytest process are told apart from anyone else's once they have left the template's tree.
 SESSION_ENV = "KCORAL_SESSION"
-# The only process the template takes launches from (``template.only_from``): any process of the
-# user can connect to its socket, and what the template forks for it unpickles what it sent, outside
-# every child's confinement. A secret would not do: every child is a fork of the template.
+# The one process the template takes launches from (``template.only_from``): any process of the
+# user can reach its socket. A secret would not do: every child is a fork of the template.
 TEMPLATE_CLIENT_ENV = "KCORAL_TEMPLATE_CLIENT_PID"
 _session_token = secrets.token_hex(12)
 _get_preparation_data = spawn.get_preparation_data
@@ -536,12 +535,9 @@ class Child:
 
     def _signal_group(self, signum: int) -> None:
         pid = self.process.pid
-        if pid is None:
-            return
-        try:
-            os.killpg(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signum)
 
     def output(self) -> str:
         self.drain.join(0.5)  # let the drain catch up with what the child wrote before dying
