@@ -5,6 +5,8 @@ whose child then died is re-parented here instead of to init, where the parent f
 (``isolation._kill_orphans``). The forkserver reaps such strays with a warning meant for its own
 children only; that warning is silenced.
 
+It takes launches only from the pytest process that started it (``only_from``).
+
 The template also turns transparent huge pages off, for itself and so for every child it forks
 (the setting is inherited), before torch is imported. With THP on ("always" on the H200 host),
 whether a process's hot host data landed on huge pages is a lottery of its own: two processes
@@ -41,10 +43,14 @@ def only_from(client_pid: int) -> None:
     the kernel's word on who connected (``SO_PEERCRED``). Any process of the user can reach the
     template's socket (``/proc/net/unix`` names it), and the process forked for a launch unpickles
     what was sent, outside every child's confinement. Another peer's connection is dropped before
-    anything is read from it."""
+    anything is read from it. The children inherit the check and skip it: a candidate's own
+    multiprocessing passes descriptors between its processes."""
     receive = reduction.recvfds
+    template_pid = os.getpid()
 
     def recvfds(sock: socket.socket, size: int) -> list[int]:
+        if os.getpid() != template_pid:
+            return receive(sock, size)
         peer_pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
         if peer_pid != client_pid:
             # the forkserver's loop drops a connection that fails so and serves the next
