@@ -122,20 +122,10 @@ def session_status(setting: str = "auto", remote: bool = False) -> str:
         return "remote: the KCoral server's isolation"
     if setting == "off":
         return "off (--kcoral-confinement off)"
-    if setting == "auto" and _gpu_host():
-        # confined children's CUDA failed on an H200 (error 304): until a GPU run shows they
-        # start, a GPU host confines only when asked to
-        return "none: not yet verified with CUDA on a GPU host (--kcoral-confinement landlock confines anyway)"
     if "abi" not in _status:
         abi, why = landlock_abi()
         _status["abi"] = f"landlock ABI {abi}" if abi else f"none: {why}"
     return _status["abi"]
-
-
-def _gpu_host() -> bool:
-    from pytest_kcoral.devices import gpu_driver_present
-
-    return gpu_driver_present()
 
 
 def is_confined(status: str) -> bool:

@@ -161,7 +161,8 @@ def test_persisting_l2_is_reset_and_earns_nothing(make_case, run_kcoral_gpu, pyt
     status = pytester.path / "persist_status.txt"
     make_case("cases/add", GPU_CASE, {"persist": PERSISTING_L2.replace("STATUS_PATH", repr(str(status))),
                                       "plain": "def run(a, b):\n    return a + b\n"})
-    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    # the status file is outside the candidate's directory
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json", "--kcoral-confinement", "off")
     result.assert_outcomes(passed=2)
     if "failed:" in status.read_text():
         pytest.skip(f"the persisting-L2 window could not be set here: {status.read_text().strip()}")
@@ -200,7 +201,9 @@ def test_a_poisoned_triton_cache_never_reaches_the_baseline(make_case, run_kcora
             "a, b = m.make_inputs({{'n': 1 << 24}}, 'cuda'); m.baseline(a, b); torch.cuda.synchronize()").format(str(root / "case.py"))
     subprocess.run([sys.executable, "-c", warm], check=True, timeout=300)
     assert any(cache.rglob("*.cubin")), "the shared cache holds no compiled kernel: the attack would prove nothing"
-    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json")
+    # unconfined, so that the poisoner reaches the shared cache: the private caches must still keep
+    # it from the baseline (confined, its writes there are refused: test_confinement.py)
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.3", "--kcoral-json", "out.json", "--kcoral-confinement", "off")
     result.assert_outcomes(passed=1)
     item = _items(pytester)["poisoner"]
     assert any(f.read_bytes() == b"poisoned" for f in cache.rglob("*.cubin")), "the poisoner did not run"

@@ -219,23 +219,6 @@ def test_a_candidates_caches_are_the_sessions_and_writable(make_case, run_kcoral
     assert places["tmp"].startswith(places["cwd"] + os.sep)
 
 
-@needs_landlock
-def test_a_gpu_host_confines_only_when_asked(make_case, run_kcoral, pytester, monkeypatch):
-    # confined children could not start CUDA on an H200: on a host with an NVIDIA driver, auto
-    # leaves them unconfined and says why; --kcoral-confinement landlock still confines. The
-    # driver's presence is faked: this machine has no GPU.
-    from pytest_kcoral import confine
-
-    monkeypatch.setattr(confine, "_gpu_host", lambda: True)
-    assert confine.session_status("auto").startswith("none: not yet verified with CUDA on a GPU host")
-    make_case("cases/add")
-    asked = run_kcoral("--kcoral-mode", "correctness", "-m", "seen", "--kcoral-confinement", "landlock", "--kcoral-json", "out.json")
-    asked.assert_outcomes(passed=1, deselected=1)
-    assert json.loads((pytester.path / "out.json").read_text())["environment"]["confinement"].startswith("landlock ABI")
-    auto = run_kcoral("--kcoral-mode", "correctness", "-m", "seen")
-    auto.stdout.fnmatch_lines(["NOT CONFINED: * (none: not yet verified with CUDA on a GPU host *"])
-
-
 # The template is a multiprocessing forkserver: it forks a process for whoever connects to its Unix
 # socket, and that process unpickles what it reads. A confined candidate found the socket in
 # /proc/net/unix and sent a pickle that runs a command: the command ran outside the confinement

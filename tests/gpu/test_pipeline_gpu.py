@@ -14,7 +14,7 @@ from grading import grade_in_subprocess
 from kernels import add_case, triton_add
 
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS
-from pytest_kcoral.stage_timing import TIMING_ROUNDS, timing_rounds
+from pytest_kcoral.stage_timing import MIN_ROUND_PAIRS, TIMING_ROUNDS, timing_rounds
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -100,7 +100,8 @@ def test_a_host_set_item_is_timed_in_more_pairs_of_processes(tmp_path):
     # 3 KiB of inputs and result take the GPU's short rounds (10 of 30 ms at this budget), 192 MiB the usual ones
     for side in ("baseline_timing", "candidate_timing"):
         assert small[side]["rounds"] == AUTO_PROCESS_PAIRS * timing_rounds("cuda", 3072, 0.3) == AUTO_PROCESS_PAIRS * 10, small[side]["rounds"]
-        assert large[side]["rounds"] == TIMING_ROUNDS
+        # the usual rounds, or fewer once the speedup is precise enough (``stage_timing.precise_enough``)
+        assert MIN_ROUND_PAIRS <= large[side]["rounds"] <= TIMING_ROUNDS, large[side]["rounds"]
     assert 0.8 < small["speedup"] < 1.25 and 0.95 < large["speedup"] < 1.05
 
 
@@ -223,7 +224,7 @@ def test_the_timing_core_is_kept_for_the_timing_thread(tmp_path):
         _log("call")
         return a + b
     """
-    proc, doc = _grade(tmp_path, {"spy": spy}, "-m", "seen")
+    proc, doc = _grade(tmp_path, {"spy": spy}, "-m", "seen", "--kcoral-confinement", "off")  # the log is outside its directory
     assert proc.returncode == 0, proc.stdout[-3000:]
     (item,) = doc["items"]
     (flag,) = [f for f in item["candidate_timing"]["flags"] if f.startswith("timing_cpu=")]
@@ -285,7 +286,7 @@ def test_the_candidates_torch_pool_is_its_share_of_the_cores(tmp_path):
             f.write(f"{{torch.get_num_threads()}}\\n")
         return a + b
     """
-    proc, doc = _grade(tmp_path / "grade", {"spy": spy}, "-m", "seen")
+    proc, doc = _grade(tmp_path / "grade", {"spy": spy}, "-m", "seen", "--kcoral-confinement", "off")  # the log is outside its directory
     assert proc.returncode == 0, proc.stdout[-3000:]
     (item,) = doc["items"]
     share = item["extra"]["cpu_threads"]
