@@ -2,9 +2,9 @@
 # The GPU checks a session owes after GPU-facing changes, each bounded in time. One device call
 # allows 10 minutes, so pick the parts that fit (their time on an H200 beside each):
 #   bash bench/gpu_check.sh "$OUT" tests           (carry .whl: cupti-python and pyelftools wheels)
-#   bash bench/gpu_check.sh "$OUT" attacks noise   (the next call, while the machine is still warm)
-# Parts: tests (GPU tests, ~4.5 min in session 20), attacks (GPU attacks, over 3.3 min in session 20:
-# together with the tests they no longer fit one call, so the last attack was cut), noise (process
+#   bash bench/gpu_check.sh "$OUT" suites attacks  (the next call, while the machine is still warm)
+# Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), suites (KernelBench and GPU MODE
+# on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), noise (process
 # noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
 # for host-set items; five since session 16, not yet timed at this budget), events (the events' own
 # cost, ~10 s), scaling (the seen shapes of every bundled case with 1, 1 again, 2 and 4 workers;
@@ -34,8 +34,13 @@ pytest_summary() {  # what failed, the counts, the slowest tests, and whether th
 for part in $parts; do
     case $part in
     tests)  # timing and pipeline on a GPU
-        timeout -s INT -k 20 400 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --tb=short --durations=8 > "$out/gpu_tests.log" 2>&1
+        timeout -s INT -k 20 400 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --tb=short --durations=8 \
+            --deselect tests/gpu/test_suites_gpu.py > "$out/gpu_tests.log" 2>&1
         pytest_summary "$out/gpu_tests.log" ;;
+    suites)  # KernelBench and GPU MODE folders, torch.compile candidates, on a GPU
+        timeout -s INT -k 20 400 python3 -m pytest tests/gpu/test_suites_gpu.py -q -p no:cacheprovider -rs --tb=short \
+            --durations=8 > "$out/gpu_suites.log" 2>&1
+        pytest_summary "$out/gpu_suites.log" ;;
     attacks)  # the GPU-only attacks (and the tamper check on CUDA)
         timeout -s INT -k 20 400 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
             --durations=8 > "$out/gpu_attacks.log" 2>&1
@@ -62,6 +67,6 @@ for part in $parts; do
         cat "$out/drift.log"
         python3 bench/compare_runs.py /tmp/kcoral-drift/scaling_0_n1.json /tmp/kcoral-drift/scaling_1_n2.json \
             | tee "$out/drift_compare.log" ;;
-    *) echo "unknown part: $part (tests, attacks, noise, self, events, scaling, drift)" >&2 ;;
+    *) echo "unknown part: $part (tests, suites, attacks, noise, self, events, scaling, drift)" >&2 ;;
     esac
 done
