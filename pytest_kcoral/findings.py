@@ -73,7 +73,8 @@ class KnownAnswers:
     a known-wrong one must fail somewhere (a wrong solution may be right on some shapes), a
     known-correct one everywhere. ``unexpected`` lists the others: a known-wrong candidate that
     passed every item (pytest's XPASS(strict), which fails the session) or a known-correct one
-    that failed an item."""
+    that failed an item. ``undecided`` lists known-wrong candidates that passed every item run
+    while some of their items did not run (-k, -m, a node id): the shape it fails may be among them."""
 
     expected_fail: int = 0
     failed_as_expected: int = 0
@@ -81,6 +82,8 @@ class KnownAnswers:
     passed_as_expected: int = 0
     # {"case", "candidate", "expected", "items", "failed_items"}
     unexpected: list[dict[str, Any]] = field(default_factory=list)
+    # {"case", "candidate", "items", "shapes"}: known-wrong, passed the items run, not all run
+    undecided: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def unexpected_passes(self) -> list[dict[str, Any]]:
@@ -162,6 +165,10 @@ def known_answers(items: Iterable[ItemResult]) -> KnownAnswers:
     """Whether each candidate with a known answer came out as expected (``KnownAnswers``). Items
     where the case failed by itself say nothing about a known-wrong candidate."""
     groups: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
+    ran: dict[tuple[str, str], int] = defaultdict(int)  # skipped items too: they were selected
+    items = list(items)
+    for it in items:
+        ran[(it.case, it.candidate)] += 1
     for it in graded(items):
         if it.expected in ("fail", "pass"):
             groups[(it.case, it.candidate)].append(it)
@@ -174,6 +181,10 @@ def known_answers(items: Iterable[ItemResult]) -> KnownAnswers:
             own = [it for it in failed if not it.case_failed]
             if len(own) < len(failed) and not own:
                 continue  # only its case failed: nothing said about the candidate
+            shapes = its[0].candidate_shapes
+            if not own and shapes is not None and ran[(case, candidate)] < shapes:
+                answers.undecided.append({"case": case, "candidate": candidate, "items": len(its), "shapes": shapes})
+                continue
             answers.expected_fail += 1
             if own:
                 answers.failed_as_expected += 1

@@ -34,6 +34,7 @@ def new_result(spec: ItemSpec) -> ItemResult:
         team=candidate.team,
         attempt=candidate.attempt,
         expected=candidate.expected,
+        candidate_shapes=len(case.shapes),
     )
 
 

@@ -115,6 +115,8 @@ class ItemResult:
     attempt: str | None = None  # submissions with several attempts
     # a known answer: "fail" for a candidate under wrong/, "pass" under correct/, else None
     expected: str | None = None
+    # the candidate's items in its case, one per shape, whether selected or not (-k, -m, an id)
+    candidate_shapes: int | None = None
     # the candidate's file, relative to the rootdir when it lies inside it (``items.KernelItem``)
     candidate_file: str | None = None
 

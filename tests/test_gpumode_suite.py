@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import VECTOR_ADD_CASE
+
 CORRECTNESS = ("--kcoral-mode", "correctness")
 
 UTILS = """
@@ -139,10 +141,10 @@ def test_a_gpumode_problem_is_judged_by_its_own_checker_with_known_answers(pytes
 
 def test_a_planted_wrong_solution_that_passes_fails_the_session(pytester, run_kcoral):
     gpumode_problem(pytester.path, solutions={"solutions/correct/fp32.py": FP32_SCAN, "solutions/wrong/planted.py": FP32_SCAN})
-    result = run_kcoral("problems", *CORRECTNESS, "-k", "63")
-    result.assert_outcomes(passed=1, xpassed=1, deselected=4)
+    result = run_kcoral("problems", *CORRECTNESS)
+    result.assert_outcomes(passed=3, xpassed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*UNEXPECTED PASS problems/pmpp/scan_py::wrong/planted: passed all 1 item(s), expected to fail (XPASS(strict))*"])
+    result.stdout.fnmatch_lines(["*UNEXPECTED PASS problems/pmpp/scan_py::wrong/planted: passed all 3 item(s), expected to fail (XPASS(strict))*"])
 
 
 def test_timed_outputs_are_rechecked_by_the_checker(pytester, run_kcoral):
@@ -238,6 +240,24 @@ def test_native_cases_have_known_answers_too(make_case, run_kcoral):
     result = run_kcoral(*CORRECTNESS, "-m", "seen")
     result.assert_outcomes(passed=2, xfailed=1, deselected=3)
     result.stdout.fnmatch_lines(["*known answers: 1 of 1 wrong failed as expected, 1 of 1 correct passed; 0 unexpected*"])
+
+
+# right on small vectors only: wrong wherever n is over 100
+WRONG_ABOVE_100 = "def run(a, b):\n    out = a + b\n    out[100:] = 0\n    return out\n"
+
+
+def test_a_known_wrong_candidate_run_on_a_few_of_its_shapes_is_not_judged(make_case, run_kcoral):
+    # "-m seen" runs only the shape the candidate gets right: no unexpected pass, the session passes
+    case = VECTOR_ADD_CASE.replace('SEEN = [{"n": 256}]', 'SEEN = [{"n": 64}]')
+    assert case != VECTOR_ADD_CASE
+    folder = Path(make_case("cases/add", case, candidates={}))
+    _write(folder / "candidates", {"wrong/tail.py": WRONG_ABOVE_100})
+    few = run_kcoral(*CORRECTNESS, "-m", "seen")
+    assert few.ret == 0, few.stdout.str()
+    few.stdout.fnmatch_lines(["*known-wrong cases/add::wrong/tail: passed the 1 item(s) run of its 2; not judged*"])
+    few.stdout.no_fnmatch_line("*UNEXPECTED PASS*")
+    every = run_kcoral(*CORRECTNESS)
+    every.stdout.fnmatch_lines(["*known answers: 1 of 1 wrong failed as expected*"])
 
 
 def test_a_problem_drawing_on_cuda_as_published_skips_on_a_cpu(pytester, run_kcoral):

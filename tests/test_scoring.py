@@ -469,6 +469,18 @@ def test_known_wrong_candidates_fail_somewhere_and_stay_out_of_the_suite_and_lea
     assert scores.leaderboard[0].best == {"cases/a": "good"}
 
 
+def test_a_known_wrong_candidate_with_shapes_left_unrun_is_undecided():
+    few = _known("wrong/x", "fail", True, True)
+    for it in few:
+        it.candidate_shapes = 3
+    answers = scoring.known_answers(few)
+    assert answers.expected_fail == 0 and not answers.unexpected
+    assert answers.undecided == [{"case": "cases/a", "candidate": "wrong/x", "items": 2, "shapes": 3}]
+    for it in few:
+        it.candidate_shapes = 2
+    assert [u["candidate"] for u in scoring.known_answers(few).unexpected_passes] == ["wrong/x"]
+
+
 def test_a_known_wrong_candidate_whose_case_failed_is_not_judged():
     answers = scoring.known_answers(_known("wrong/x", "fail", False, False, case_failed=(0, 1)))
     assert answers.expected_fail == 0 and not answers.unexpected

@@ -198,7 +198,7 @@ def speed_of_light_lines(candidates: Sequence[CandidateScore]) -> list[str]:
 def known_answer_lines(answers: KnownAnswers) -> list[str]:
     """The known answers (``scoring.KnownAnswers``): one line of counts, then a line per
     surprise, starting ``UNEXPECTED`` (the terminal shows those in red)."""
-    if not answers.expected_fail and not answers.expected_pass:
+    if not answers.expected_fail and not answers.expected_pass and not answers.undecided:
         return []
     lines = [f"known answers: {answers.failed_as_expected} of {answers.expected_fail} wrong failed as expected,"
              f" {answers.passed_as_expected} of {answers.expected_pass} correct passed; {len(answers.unexpected)} unexpected"]
@@ -209,4 +209,7 @@ def known_answer_lines(answers: KnownAnswers) -> list[str]:
                          " known-wrong candidates are left out of the scores")
         else:
             lines.append(f"UNEXPECTED FAILURE {name}: failed {u['failed_items']} of {u['items']} item(s), expected to pass")
+    for u in answers.undecided:
+        lines.append(f"known-wrong {pair_name(u['case'], u['candidate'])}: passed the {u['items']} item(s) run of its {u['shapes']};"
+                     " not judged (run all its shapes to see it fail)")
     return lines
