@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--case", default="vector_add")
     parser.add_argument("--shape", default='{"n": 4096}')
     parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--pin", action="store_true", help="as a grading session does: the timing core reserved, the round pinned to it")
     args = parser.parse_args()
 
     import json
@@ -65,11 +66,31 @@ def main() -> None:
     def bind(_shape: dict, values: tuple) -> Any:
         return lambda: reference(*values)
 
-    command = Time(shape=shape, device=device, budget_s=1 / 32, timer=None, verify=1, written_inputs=[], warmup_s=0.0)
+    from pytest_kcoral.timing import pinning
+
+    core = None
+    if args.pin and kind == "cuda":
+        pinning.reserve([0])
+        core = pinning.choose(0)
+    command = Time(shape=shape, device=device, budget_s=1 / 32, timer=None, verify=1, written_inputs=[], warmup_s=0.0, cpu=core)
     held = new_timing_sets(case, command, device, rng, bind)
     time_round(held, case, Time(shape=shape, device=device, budget_s=0.05, timer=None, verify=1, written_inputs=[]), device, rng)
 
-    print(f"device {device}, case {args.case} {shape}, {len(held.sets)} input sets")
+    print(f"device {device}, case {args.case} {shape}, {len(held.sets)} input sets, timing core {core}")
+    # the interim checks' share of a round: how long CUPTI's forced flushes and the re-attribution take
+    from pytest_kcoral.timing import cupti_timer
+
+    interim_s = [0.0]
+    interim = cupti_timer.CuptiTimer.interim
+
+    def timed_interim(self: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return interim(self)
+        finally:
+            interim_s[0] += time.perf_counter() - t0
+
+    cupti_timer.CuptiTimer.interim = timed_interim  # type: ignore[method-assign]
     walls, counts, methods = [], [], set()
     for _ in range(args.rounds):
         t0 = time.perf_counter()
@@ -77,6 +98,8 @@ def main() -> None:
         walls.append((time.perf_counter() - t0) * 1e3)
         counts.append(reply.stats.n)
         methods.add(reply.stats.method)
+    cupti_timer.CuptiTimer.interim = interim  # type: ignore[method-assign]
+    print(f"interim checks: {interim_s[0] * 1e3 / args.rounds:.1f} ms a round")
     print(f"rounds of {command.budget_s * 1e3:.1f} ms ({', '.join(sorted(methods))}): median {statistics.median(counts)} samples, "
           f"median wall {statistics.median(walls):.1f} ms a round, so {statistics.median(walls) * 1e3 / statistics.median(counts):.0f} us "
           f"a sample; median time {reply.stats.median_us:.2f} us, harness outside the window {reply.stats.outside_us or 0:.0f} us")

@@ -21,6 +21,8 @@ import argparse
 import os
 import shlex
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,19 +50,32 @@ def main() -> None:
     print("|---" * (9 + len(PHASES)) + "|", flush=True)
     for turn in range(args.repeat):
         for name, tree, extra in configs:
-            env_path = os.environ.get("PYTHONPATH")
+            saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "PYTHONSAFEPATH")}
             if tree:
-                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), env_path]))
+                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), saved["PYTHONPATH"]]))
+                # ``python -m pytest`` puts its working directory (this checkout) first on sys.path,
+                # ahead of PYTHONPATH, unless told not to
+                os.environ["PYTHONSAFEPATH"] = "1"
+                _check_package_root(Path(tree).resolve())
             try:
                 wall_s, doc = grade(["cases", "--kcoral-submissions", str(subs), "-k", "self", *extra, *args.pytest_args],
                                     out / f"{name}-{turn}.json", log=out / f"{name}-{turn}.log")
             finally:
-                if env_path is None:
-                    os.environ.pop("PYTHONPATH", None)
-                else:
-                    os.environ["PYTHONPATH"] = env_path
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
             print("| " + " | ".join(_row(f"{name} #{turn + 1}", wall_s, doc)) + " |", flush=True)
     print(f"\nJSON and logs: {out}")
+
+
+def _check_package_root(tree: Path) -> None:
+    """Stop unless a grading session started here would import ``pytest_kcoral`` from ``tree``."""
+    found = subprocess.run([sys.executable, "-c", "import pytest_kcoral; print(pytest_kcoral.__file__)"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if not Path(found).is_relative_to(tree):
+        raise SystemExit(f"a session would import pytest_kcoral from {found}, not from {tree}")
 
 
 def _parse(text: str) -> tuple[str, str | None, list[str]]:
