@@ -23,18 +23,20 @@ def flatten_outputs(out: Any) -> tuple[tuple, Any]:
     with str keys (keys sorted, so their order does not matter). ``(a, (b, c))`` gives
     ``(a, b, c)`` and ``[0, [0, 0]]``; a single tensor gives ``(t,)`` and ``0``."""
     leaves: list[Any] = []
-
-    def walk(value: Any, depth: int) -> Any:
-        if depth < MAX_STRUCTURE_DEPTH:
-            if isinstance(value, (tuple, list)):
-                return [walk(v, depth + 1) for v in value]
-            if isinstance(value, dict) and all(type(k) is str for k in value):
-                return {k: walk(value[k], depth + 1) for k in sorted(value)}
-        leaves.append(value)
-        return 0
-
-    structure = walk(out, 0)
+    structure = _walk(out, 0, leaves)
     return tuple(leaves), structure
+
+
+def _walk(value: Any, depth: int, leaves: list[Any]) -> Any:
+    # not a closure: a nested function that calls itself is a reference cycle, which would keep
+    # every output alive until the next collection (and the garbage collector is off while timing)
+    if depth < MAX_STRUCTURE_DEPTH:
+        if isinstance(value, (tuple, list)):
+            return [_walk(v, depth + 1, leaves) for v in value]
+        if isinstance(value, dict) and all(type(k) is str for k in value):
+            return {k: _walk(value[k], depth + 1, leaves) for k in sorted(value)}
+    leaves.append(value)
+    return 0
 
 
 def leaves(out: Any) -> tuple:

@@ -756,3 +756,33 @@ def test_timing_flags_are_made_and_read_by_their_kind():
     assert [kind_of(f) for f in flags] == ["l2_flush", "fallback_to_events", "launch_bound"]
     assert has(flags, Flag.HOST_BOUND, Flag.LAUNCH_BOUND) and not has(flags, Flag.HOST_BOUND)
     assert notes(flags, Flag.FALLBACK_TO_EVENTS) == ["CUPTI is in use: a profiler"]
+
+
+def test_a_timing_round_leaves_no_garbage_behind() -> None:
+    """The garbage collector is off while timing: a reference cycle made per call (a closure
+    that calls itself, say) would keep every timed call's output alive until the loop ends, and
+    each call would allocate anew (on a GPU, from fresh device memory)."""
+    import gc
+    from pathlib import Path
+
+    from pytest_kcoral.case_runtime import CaseRuntime
+    from pytest_kcoral.cases import NATIVE
+    from pytest_kcoral.child_timing import new_timing_sets, time_round
+    from pytest_kcoral.messages import Time
+
+    source = Path(pytest_kcoral.__file__).parent.parent / "cases" / "vector_add" / "case.py"
+    case = CaseRuntime({"format": NATIVE, "device": "cpu", "device_kind": "cpu", "source": str(source)})
+    reference = case.module.reference
+    rng = random.Random(1)
+    command = Time(shape={"n": 256}, device="cpu", budget_s=0.05, timer="wall", verify=2, written_inputs=[], warmup_s=0.0)
+    held = new_timing_sets(case, command, "cpu", rng, lambda _shape, values: (lambda: reference(*values)))
+    time_round(held, case, command, "cpu", rng)
+    gc.collect()
+    gc.disable()
+    try:
+        reply = time_round(held, case, command, "cpu", rng)
+        garbage = gc.collect()
+    finally:
+        gc.enable()
+    assert reply.stats.n >= 20
+    assert garbage < reply.stats.n // 10, f"{garbage} objects in reference cycles after {reply.stats.n} timed calls"
