@@ -4,7 +4,8 @@
 #   bash bench/gpu_check.sh "$OUT" tests           (carry .whl: cupti-python and pyelftools wheels)
 #   bash bench/gpu_check.sh "$OUT" suites attacks  (the next call, while the machine is still warm)
 # Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), suites (KernelBench and GPU MODE
-# on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), noise (process
+# on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), probe (where a child's timing rounds
+# lose their calls, ~1 min), noise (process
 # noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
 # for host-set items; five since session 16, not yet timed at this budget), events (the events' own
 # cost, ~10 s), scaling (the seen shapes of every bundled case with 1, 1 again, 2 and 4 workers;
@@ -45,6 +46,9 @@ for part in $parts; do
         timeout -s INT -k 20 400 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
             --durations=8 > "$out/gpu_attacks.log" 2>&1
         pytest_summary "$out/gpu_attacks.log" ;;
+    probe)  # timing rounds in a plain process and in a grading child, by variant (~1 min)
+        timeout 150 python3 bench/round_probe.py > "$out/round_probe.log" 2>&1
+        cat "$out/round_probe.log" ;;
     noise)  # the same kernels in fresh processes, twice each (issue 7)
         timeout 100 python3 bench/process_noise.py --processes 4 > "$out/process_noise.log" 2>&1
         cat "$out/process_noise.log" ;;
@@ -67,6 +71,6 @@ for part in $parts; do
         cat "$out/drift.log"
         python3 bench/compare_runs.py /tmp/kcoral-drift/scaling_0_n1.json /tmp/kcoral-drift/scaling_1_n2.json \
             | tee "$out/drift_compare.log" ;;
-    *) echo "unknown part: $part (tests, suites, attacks, noise, self, events, scaling, drift)" >&2 ;;
+    *) echo "unknown part: $part (tests, suites, attacks, probe, noise, self, events, scaling, drift)" >&2 ;;
     esac
 done

@@ -8,12 +8,14 @@ a plain process took 90-130 (``bench/sample_cost.py``). This tells whether the c
 2. inside a candidate's child, from the candidate's first call (a probe candidate that prints its
    figures to stderr; the JSON's ``output_tail`` brings them back).
 
-Run: ``python bench/round_probe.py`` (a GPU, or the CPU).
+Each runs in a few variants (``VARIANTS``), so one run says which part of a round costs the calls.
+Run: ``python bench/round_probe.py`` (a GPU, or the CPU), on its own: its lines are long.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import statistics
@@ -41,8 +43,32 @@ def run(a, b):
 """
 
 
+# What each variant changes for its rounds: module globals of the timing code, set for the
+# variant and put back after. Suspects for the child's lost time: CUPTI's buffer (8 MiB, asked for
+# anew after each forced flush) and the interim checks (a forced flush and a re-attribution each).
+VARIANTS: dict[str, dict[tuple[str, str], Any]] = {
+    "as is": {},
+    "CUPTI buffer 1 MiB": {("pytest_kcoral.timing.cupti_timer", "_BUFFER_BYTES"): 1 << 20},
+    "no interim checks": {("pytest_kcoral.timing", "_FIRST_CHECK"): 1 << 30},
+}
+
+
+def _timed(fn: Any, spent: list[float]) -> Any:
+    """``fn``, adding the time each call takes to ``spent[0]``."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    return wrapper
+
+
 def probe(device: str, rounds: int = 12) -> str:
-    """Rounds of 1/32 s as the grader takes them, with the time of each part of the loop: a JSON line."""
+    """Rounds of 1/32 s as the grader takes them, once per variant: one line each, with the
+    calls a round, the wall time a round and the time in the interim and final per-call times."""
+    import importlib
+
     import torch
 
     from pytest_kcoral import timing
@@ -57,64 +83,33 @@ def probe(device: str, rounds: int = 12) -> str:
     rng = random.Random(1)
     command = Time(shape=SHAPE, device=device, budget_s=1 / 32, timer=None, verify=1, written_inputs=[], warmup_s=0.0)
     held = new_timing_sets(case, command, device, rng, lambda _s, values: (lambda: reference(*values)))
-    spent: dict[str, float] = {}
+    time_round(held, case, command, device, rng)
+    lines = [f"torch threads {torch.get_num_threads()}, cores {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}"]
+    for name, changes in VARIANTS.items():
+        spent = [0.0]
+        per_call_times = timing.per_call_times
+        timed = _timed(per_call_times, spent)
 
-    def timed(name: str, fn: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
-        return wrapper
-
-    # the parts of a round, wrapped where the timing loop finds them
-    saved = {name: getattr(timing, name) for name in ("per_call_times", "_sampled_stats")}
-    timing.per_call_times = timed("interim and final per-call times", timing.per_call_times)  # type: ignore[attr-defined]
-    timing._sampled_stats = timed("final stats", timing._sampled_stats)  # type: ignore[attr-defined]
-    try:
-        time_round(held, case, command, device, rng)
-        spent.clear()
-        counts, walls = [], []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            reply = time_round(held, case, command, device, rng)
-            walls.append(time.perf_counter() - t0)
-            counts.append(reply.stats.n)
-    finally:
-        for name, fn in saved.items():
-            setattr(timing, name, fn)
-    import os
-
-    from pytest_kcoral.child_outputs import inspect_outputs, leaves
-
-    sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
-    values = held.sets[0]
-    parts = {
-        "refresh": lambda: [d.copy_(s) for d, s in zip(values, case.make_inputs(SHAPE, rng.getrandbits(62)))],
-        "make_inputs": lambda: case.make_inputs(SHAPE, rng.getrandbits(62)),
-        "randn": lambda: torch.randn(SHAPE["n"], device=device),
-        "call": lambda: reference(*values),
-        "inspect_outputs": lambda: inspect_outputs(leaves(reference(*values)), (), device),
-        "inspect an input": lambda: inspect_outputs((values[0],), (), device),
-        "leaves of the call": lambda: leaves(reference(*values)),
-        "empty": lambda: None,
-    }
-    part_us = {}
-    for name, fn in parts.items():
-        times = []
-        for _ in range(300):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append((time.perf_counter() - t0) * 1e6)
-        part_us[name] = round(statistics.median(times), 1)
-    return json.dumps({"part_us": part_us, "pid": os.getpid(), "samples_per_round": statistics.median(counts),
-                       "wall_ms_per_round": round(statistics.median(walls) * 1e3, 1),
-                       "outside_us": round(reply.stats.outside_us or 0, 1), "host_us": round(reply.stats.host_median_us or 0, 1),
-                       "method": reply.stats.method, "threads": torch.get_num_threads(),
-                       "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-                       "ms_per_round": {k: round(v * 1e3 / rounds, 2) for k, v in spent.items()}})
+        modules = {module: importlib.import_module(module) for module, _ in changes}
+        saved = {(module, attr): getattr(modules[module], attr) for module, attr in changes}
+        for (module, attr), value in changes.items():
+            setattr(modules[module], attr, value)
+        timing.per_call_times = timed  # type: ignore[attr-defined]
+        try:
+            counts, walls = [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                reply = time_round(held, case, command, device, rng)
+                walls.append(time.perf_counter() - t0)
+                counts.append(reply.stats.n)
+        finally:
+            timing.per_call_times = per_call_times  # type: ignore[attr-defined]
+            for (module, attr), value in saved.items():
+                setattr(modules[module], attr, value)
+        lines.append(f"{name:20s} {statistics.median(counts):6.1f} calls a round, {statistics.median(walls) * 1e3:5.1f} ms a round,"
+                     f" per-call times {spent[0] * 1e3 / rounds:5.1f} ms a round, outside {reply.stats.outside_us or 0:5.1f} us,"
+                     f" inside {reply.stats.host_median_us or 0:5.1f} us ({reply.stats.method})")
+    return " | ".join(lines)
 
 
 def main() -> None:
@@ -123,7 +118,7 @@ def main() -> None:
     import torch
 
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    print("this process:", probe(device))
+    print("this process:\n  " + probe(device).replace(" | ", "\n  "))
     work = Path(tempfile.mkdtemp(prefix="kcoral-probe-"))
     try:
         case = work / "cases" / "vector_add"
@@ -141,7 +136,8 @@ def main() -> None:
             (item,) = items
             text = ((item.get("output_tail") or {}).get("stderr") or {}).get("text", "")
             lines = [line for line in text.splitlines() if line.startswith("PROBE ")]
-            print(f"a grading child (confinement {confinement}):", lines[0][6:] if lines else f"no figures: {item['outcome']} {item['message']}")
+            figures = lines[0][6:].replace(" | ", "\n  ") if lines else f"no figures: {item['outcome']} {item['message']}"
+            print(f"a grading child (confinement {confinement}):\n  {figures}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
