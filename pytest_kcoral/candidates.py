@@ -25,6 +25,7 @@ KERNELBENCH_RUN_FILE = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kern
 EXPECTED_BY_FOLDER = {"wrong": "fail", "correct": "pass"}
 GPUMODE_SOLUTIONS = "solutions"
 GPUMODE_SUBMISSION_FILE = "submission.py"
+CANDIDATES_FOLDER = "candidates"  # a native case's candidates
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def bundled_folder(case: Case) -> Path:
     GPU MODE problem's ``solutions/`` (its ``submission.py`` lies beside it)."""
     if case.format == KCORAL_BENCH:
         return case.folder
-    return case.folder / (GPUMODE_SOLUTIONS if case.format == GPUMODE else "candidates")
+    return case.folder / (GPUMODE_SOLUTIONS if case.format == GPUMODE else CANDIDATES_FOLDER)
 
 
 def bundled_candidate_at(path: Path) -> tuple[Path, str] | None:
@@ -84,9 +85,9 @@ def bundled_candidate_at(path: Path) -> tuple[Path, str] | None:
     if path.suffix != ".py" or path.name.startswith("_") or not path.is_file():
         return None
     folder = path.parent
-    if folder.name == "candidates" and is_case_folder(folder.parent):
+    if folder.name == CANDIDATES_FOLDER and is_case_folder(folder.parent):
         return folder.parent, path.stem
-    if folder.name in EXPECTED_BY_FOLDER and folder.parent.name == "candidates" and is_case_folder(folder.parent.parent):
+    if folder.name in EXPECTED_BY_FOLDER and folder.parent.name == CANDIDATES_FOLDER and is_case_folder(folder.parent.parent):
         return folder.parent.parent, f"{folder.name}/{path.stem}"
     if (folder / "bench.json").is_file() and (folder / "bench.py").is_file() and path.name not in _BENCH_CASE_FILES:
         return folder, path.stem

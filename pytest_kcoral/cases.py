@@ -117,16 +117,22 @@ def is_kernelbench_problem_file(path: Path) -> bool:
     ``get_init_inputs`` at its top level (read from its syntax tree, not imported: every
     ``<digits>_*.py`` a walk meets would otherwise run). One that does not parse counts when it
     mentions ``get_init_inputs``, so its syntax error is reported."""
+    return kernelbench_names_missing(path) == []
+
+
+def kernelbench_names_missing(path: Path) -> list[str] | None:
+    """Which of ``KERNELBENCH_NAMES`` a ``<id>_<Name>.py`` file lacks at its top level ([] for a
+    problem file); None for a file that is no such file, or defines none of them."""
     if not KERNELBENCH_PROBLEM_FILE.match(path.name) or not path.is_file():
-        return False
+        return None
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError):
-        return False
+        return None
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return "get_init_inputs" in text
+        return [] if "get_init_inputs" in text else None
     defined = set()
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -136,7 +142,8 @@ def is_kernelbench_problem_file(path: Path) -> bool:
             defined.update(t.id for t in targets if isinstance(t, ast.Name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             defined.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return all(name in defined for name in KERNELBENCH_NAMES)
+    missing = [name for name in KERNELBENCH_NAMES if name not in defined]
+    return None if len(missing) == len(KERNELBENCH_NAMES) else missing
 
 
 def kernelbench_level(folder: Path) -> int | None:

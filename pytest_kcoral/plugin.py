@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from pytest_kcoral import confine, lease_plugin, options, scheduling
-from pytest_kcoral.candidates import bundled_candidate_at, submission_files
-from pytest_kcoral.cases import KERNELBENCH_PROBLEM_FILE, case_folder_for, is_case_folder, is_kernelbench_problem_file
+from pytest_kcoral.candidates import CANDIDATES_FOLDER, bundled_candidate_at, submission_files
+from pytest_kcoral.cases import KERNELBENCH_NAMES, KERNELBENCH_PROBLEM_FILE, case_folder_for, is_case_folder, kernelbench_names_missing
 from pytest_kcoral.diagnostics import DiagnosticsUnavailable, find_tool
 from pytest_kcoral.executors import close_executor, get_executor
 from pytest_kcoral.items import CaseDirectory, KernelBenchProblem, KernelItem
@@ -234,9 +234,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """A KernelBench problem file (``level1/19_ReLU.py``) is a case of its own, found in a walk
     of its folder or given on the command line."""
-    if file_path.suffix == ".py" and KERNELBENCH_PROBLEM_FILE.match(file_path.name) and is_kernelbench_problem_file(file_path):
+    if file_path.suffix != ".py" or not KERNELBENCH_PROBLEM_FILE.match(file_path.name):
+        return None
+    missing = kernelbench_names_missing(file_path)
+    if missing == []:
         _start_children_early(parent.config)
         return KernelBenchProblem.from_parent(parent, path=file_path)
+    if missing:  # a problem file in all but a name: graded nowhere, without a word, were it not said
+        warnings.warn_explicit(pytest.PytestWarning(f"{file_path.name}: not graded as a KernelBench problem: it does not define"
+                                                    f" {' or '.join(missing)} (a problem defines {', '.join(KERNELBENCH_NAMES)})"),
+                               None, filename=str(file_path), lineno=1)
     return None
 
 
@@ -244,6 +251,9 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
     if is_case_folder(path):
         _start_children_early(parent.config)
         return CaseDirectory.from_parent(parent, path=path)
+    if (path / CANDIDATES_FOLDER).is_dir():  # a case's candidates with no case beside them: said, not skipped
+        warnings.warn_explicit(pytest.PytestWarning(f"{path.name}: has a {CANDIDATES_FOLDER}/ folder but no case.py (nor bench.json,"
+                                                    " nor task.yml with reference.py): not graded"), None, filename=str(path), lineno=1)
     return None
 
 

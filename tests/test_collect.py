@@ -314,6 +314,15 @@ def test_two_files_that_would_get_one_candidate_name_are_a_collection_error(pyte
     assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 4 and "errors" not in outcomes, outcomes  # 2 cases x 2 candidates
 
 
+def test_candidates_without_a_case_say_so(make_case, run_kcoral, pytester):
+    (make_case("cases/nocase") / "case.py").rename(pytester.path / "cases/nocase/case_draft.py")
+    make_case("cases/add")
+    result = run_kcoral("-m", "seen", "--kcoral-mode", "correctness")
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*cases/nocase:1: PytestWarning: nocase: has a candidates/ folder but no case.py (nor bench.json,"
+                                 " nor task.yml with reference.py): not graded"])
+
+
 def test_a_case_without_candidates_says_so(make_case, run_kcoral):
     shutil.rmtree(make_case("cases/lonely") / "candidates")
     make_case("cases/add")

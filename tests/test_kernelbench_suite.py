@@ -163,3 +163,15 @@ def test_problem_files_are_told_from_other_files_without_importing_them(tmp_path
     for name, src in files.items():
         (tmp_path / name).write_text(textwrap.dedent(src))
     assert [n for n in files if is_kernelbench_problem_file(tmp_path / n)] == ["1_Add.py", "5_Imported.py"]
+
+
+def test_a_problem_file_lacking_a_name_is_named_in_a_warning(pytester, run_kcoral):
+    # given on the command line or met in a walk: not a problem, and said so (it was "no tests ran")
+    _write(pytester.path, {"level1/5_Add.py": ADD_PROBLEM.replace("def get_init_inputs():\n    return []\n", ""),
+                           "level1/6_helpers.py": "def shared():\n    return 1\n"})
+    for args in (["level1/5_Add.py"], ["level1"]):
+        result = run_kcoral(*args)
+        assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+        result.stdout.fnmatch_lines(["*level1/5_Add.py:1: PytestWarning: 5_Add.py: not graded as a KernelBench problem: it does not"
+                                     " define get_init_inputs (a problem defines Model, get_inputs, get_init_inputs)"])
+        assert "6_helpers" not in result.stdout.str()  # defines none of the names: not a problem, nothing to say
