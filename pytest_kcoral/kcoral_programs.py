@@ -117,7 +117,7 @@ class Programs:
             program.upload_file(blob=data, path=path)
         runner = program.upload(id="runner", kind="module", source=BOOTSTRAP_SOURCE)
         start, command, done = (program.get_function(id=f"fn_{n}", module=runner, name=n) for n in ("start", "command", "done"))
-        phases = {START: "startup"}
+        phases = {START: STARTUP_PHASE}
         program.return_(key=START, value=program.run(id=START, fn=start, args=[role, case_spec, env, budget_s]))
         for sent, phase in commands:
             header, payload = sent.to_wire()
@@ -330,7 +330,10 @@ class ReplayedChild:
         at_phase = self.phases.get(failed_at or "", phase)
         if error.get("kind") == "runtime" and "worker exited" in error.get("message", ""):
             if self.out_of_time:
-                return ChildFailure("timeout", at_phase, f"timed out in phase '{at_phase}' (item timeout reached)", self._output())
+                why = f"timed out in phase '{at_phase}' (item timeout reached)"
+                if at_phase == STARTUP_PHASE:
+                    why += STARTUP_TIMEOUT_HINT
+                return ChildFailure("timeout", at_phase, why, self._output())
             return ChildFailure("crash", at_phase, f"the KCoral worker exited in phase '{at_phase}' (a crash, os._exit or a kill; "
                                                    "the server does not report the exit status)", self._output())
         kind = error.get("kind", "unknown")
@@ -354,6 +357,10 @@ class ReplayedChild:
 
 # The program's first instruction, which builds the runner (``remote_runner.start``).
 START = "start"
+STARTUP_PHASE = "startup"
+# a fresh worker per program imports torch and the case before the candidate: seconds on a busy CPU
+STARTUP_TIMEOUT_HINT = (": the KCoral worker had not started (a fresh process per program imports torch and the case first)"
+                        " when the item's time ran out; raise --kcoral-timeout")
 # The stage a failure in each phase belongs to (a lost reply raises it from an earlier stage's call).
 _STAGE_OF_PHASE = {"startup": "compile", "import": "compile", "correctness": "correctness", "timing": "timing"}
 

@@ -265,6 +265,15 @@ def test_remote_hang_times_out_in_the_phase_it_reached(make_case, run_kcoral, kc
     result.stdout.fnmatch_lines(["*kcoral correctness failed: timed out in phase 'correctness' (item timeout reached)*"])
 
 
+def test_a_worker_slower_to_start_than_the_item_timeout_says_so(make_case, run_kcoral, kcoral_url):
+    # a fresh KCoral worker imports torch and the case before the candidate: not the candidate's doing
+    make_case("cases/add")
+    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness", "--kcoral-timeout", "0.2")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*timed out in phase 'startup' (item timeout reached): the KCoral worker had not started*"
+                                 " raise --kcoral-timeout*"])
+
+
 def test_local_and_remote_runs_agree_per_nodeid(make_case, run_kcoral, pytester, kcoral_url):
     make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "wrong": WRONG, "broken": BROKEN})
     common = ("-m", "seen", "--kcoral-seed", "11")
