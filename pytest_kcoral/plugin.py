@@ -201,19 +201,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         files = submission_files(root)
         unmatched = [p.relative_to(root).as_posix() for p in files if p not in matched]
         if unmatched:
-            warnings.warn(pytest.PytestWarning(
+            # a case that failed to collect takes no files: its own error says why, and this one must not mislead
+            failed = f"; {session.testsfailed} case(s) failed to collect (the errors above), whose files would be among these" \
+                if session.testsfailed else ""
+            warnings.warn_explicit(pytest.PytestWarning(
                 f"--kcoral-submissions {root}: {len(unmatched)} file(s) match no collected case and are not graded: {_a_few(unmatched)}"
                 " (a submission is <team>/<case>.py or <team>/<case>/<attempt>.py, <case> being a case folder's name; or KernelBench's"
-                " level_<L>_problem_<id>_sample_<k>_kernel.py, matched to the problem file <id>_<Name>.py in a folder named level<L>)"), stacklevel=1)
+                f" level_<L>_problem_<id>_sample_<k>_kernel.py, matched to the problem file <id>_<Name>.py in a folder named level<L>){failed}"),
+                None, filename=str(root), lineno=1)
         shared: dict[tuple[str, ...], list[str]] = {}  # the cases that took the same files -> those files
         for p in files:
             if len(matched.get(p, ())) > 1:
                 shared.setdefault(tuple(sorted(matched[p])), []).append(p.relative_to(root).as_posix())
         for cases, taken in shared.items():
-            warnings.warn(pytest.PytestWarning(
+            warnings.warn_explicit(pytest.PytestWarning(
                 f"--kcoral-submissions {root}: the case folders {', '.join(cases)} share the name '{Path(cases[0]).name}',"
                 f" and a submission is matched by that name alone: each of them grades the same {len(taken)} file(s),"
-                f" {_a_few(taken)}; rename a case folder (and its submissions) to grade them apart"), stacklevel=1)
+                f" {_a_few(taken)}; rename a case folder (and its submissions) to grade them apart"), None, filename=str(root), lineno=1)
 
 
 def _a_few(paths: list[str]) -> str:

@@ -261,8 +261,15 @@ def test_a_submission_that_matches_no_case_is_named(pytester, make_case, run_kco
     (subs / "team-c" / "mul" / "try1.py").write_text("def run(a, b):\n    return a * b\n")
     result = run_kcoral("cases", "--kcoral-submissions", "subs", "--kcoral-mode", "correctness", "-m", "seen", "-v")
     result.stdout.fnmatch_lines(["*cases/add::team-a[[]seen-n=256[]] PASSED*"])
-    result.stdout.fnmatch_lines([f"*PytestWarning: --kcoral-submissions {subs}: 2 file(s) match no collected case and are not graded:"
+    # at the folder it is about, not at the plugin's line that warns
+    result.stdout.fnmatch_lines([f"*{subs}:1: PytestWarning: --kcoral-submissions {subs}: 2 file(s) match no collected case and are not graded:"
                                  " team-c/ad.py, team-c/mul/try1.py (a submission is <team>/<case>.py or*"])
+    assert "failed to collect" not in result.stdout.str()
+    # a case that fails to collect takes none of its files: the warning says so, as its error does
+    (pytester.path / "cases/add/case.py").write_text("def broken(:\n")
+    broken = run_kcoral("cases", "--kcoral-submissions", "subs", "--kcoral-mode", "correctness")
+    broken.stdout.fnmatch_lines(["*3 file(s) match no collected case*; 1 case(s) failed to collect (the errors above),"
+                                 " whose files would be among these"])
 
 
 def test_a_submission_two_same_named_cases_take_is_named_with_both(pytester, make_case, run_kcoral):
