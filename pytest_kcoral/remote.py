@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from typing import Any
 
 from pytest_kcoral.cases import Case
@@ -61,6 +62,8 @@ class RemoteExecutor:
             self.server = server_info(self.url, fresh[1])
         result = new_result(spec)
         grade(spec, result, self.settings, REMOTE, self.device_kind, self._run_stages)
+        if result.message:
+            result.message = local_paths(result.message, spec)
         sent = self.programs.sent
         if result.outcome != "skipped" or sent:
             result.extra.remote = dict(self.server, programs=sent)
@@ -214,3 +217,20 @@ def candidate_upload(spec: ItemSpec) -> tuple[LoadCandidate, dict[str, bytes]]:
     path = f"candidate/{spec.candidate.path.name}"
     return LoadCandidate(path=path, shape=spec.shape.params), {path: spec.candidate.path.read_bytes()}
 
+
+
+def local_paths(text: str, spec: ItemSpec) -> str:
+    """``text`` (a failure's traceback) with the program workspace's files named by their paths
+    here: ``<workspace>/candidate/x.py`` is the candidate's file, ``<workspace>/case/y.py`` the
+    case's (``candidate_upload``, ``kcoral_programs.case_files``)."""
+    case = spec.case
+    here = {f"candidate/{spec.candidate.path.name}": spec.candidate.path, f"case/{case.source.name}": case.source,
+            **{f"case/{name}": path for name, path in case.helper_files.items()}}
+    if case.baseline_file:
+        here[f"case/{case.baseline_file.name}"] = case.baseline_file
+
+    def local(found: re.Match[str]) -> str:
+        path = here.get(found[2]) or (case.folder / found[2][len("case/"):] if found[2].startswith("case/") else None)
+        return f'File "{path}"' if path is not None else found[0]
+
+    return re.sub(r'File "([^"]*/)?((?:candidate|case)/[^"/]+)"', local, text)

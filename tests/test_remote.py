@@ -274,6 +274,18 @@ def test_a_worker_slower_to_start_than_the_item_timeout_says_so(make_case, run_k
                                  " raise --kcoral-timeout*"])
 
 
+RAISES_IN_A_HELPER = "def helper(a):\n    raise ValueError('boom')\n\ndef run(a, b):\n    return helper(a)\n"
+
+
+def test_a_remote_traceback_names_the_candidates_file_here(make_case, run_kcoral, kcoral_url, pytester):
+    # not the path of the file's copy in the server's program workspace
+    make_case("cases/add", candidates={"boom": RAISES_IN_A_HELPER})
+    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness")
+    result.assert_outcomes(failed=1, deselected=1)
+    here = pytester.path / "cases/add/candidates/boom.py"
+    result.stdout.fnmatch_lines([f'*File "{here}", line 5, in run', f'*File "{here}", line 2, in helper'])
+
+
 def test_local_and_remote_runs_agree_per_nodeid(make_case, run_kcoral, pytester, kcoral_url):
     make_case("cases/add", candidates={"good": "def run(a, b):\n    return a + b\n", "wrong": WRONG, "broken": BROKEN})
     common = ("-m", "seen", "--kcoral-seed", "11")
