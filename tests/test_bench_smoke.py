@@ -68,3 +68,10 @@ def test_startup_bench_breaks_down_a_session_on_the_cpu():
     assert re.search(r"^\| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
     assert "(9 items)" in out
     assert "no CUDA device: the child's GPU start-up parts are not measured" in out
+
+
+def test_round_probe_reads_rounds_in_a_plain_process_and_in_grading_children():
+    out = _bench("round_probe.py")
+    variants = [line for line in out.splitlines() if re.match(r"\s+(as is|CUPTI buffer 1 MiB|no interim checks)\s+\d", line)]
+    assert len(variants) == 9, out  # three variants, in this process and in two grading children
+    assert "a grading child (confinement off):" in out and "no figures" not in out, out
