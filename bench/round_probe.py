@@ -85,16 +85,20 @@ def probe(device: str, rounds: int = 12) -> str:
     held = new_timing_sets(case, command, device, rng, lambda _s, values: (lambda: reference(*values)))
     time_round(held, case, command, device, rng)
     lines = [f"torch threads {torch.get_num_threads()}, cores {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}"]
-    for name, changes in VARIANTS.items():
-        spent = [0.0]
-        per_call_times = timing.per_call_times
-        timed = _timed(per_call_times, spent)
+    from pytest_kcoral.timing import cupti_timer
 
+    for name, changes in VARIANTS.items():
+        spent, timer_spent = [0.0], [0.0]
+        per_call_times = timing.per_call_times
+        start, stop = cupti_timer.CuptiTimer.start, cupti_timer.CuptiTimer.stop
         modules = {module: importlib.import_module(module) for module, _ in changes}
         saved = {(module, attr): getattr(modules[module], attr) for module, attr in changes}
         for (module, attr), value in changes.items():
             setattr(modules[module], attr, value)
-        timing.per_call_times = timed  # type: ignore[attr-defined]
+        timing.per_call_times = _timed(per_call_times, spent)  # type: ignore[attr-defined]
+        # CUPTI's enabling and disabling of its activity kinds, once a round each
+        cupti_timer.CuptiTimer.start = _timed(start, timer_spent)  # type: ignore[method-assign]
+        cupti_timer.CuptiTimer.stop = _timed(stop, timer_spent)  # type: ignore[method-assign]
         try:
             counts, walls = [], []
             for _ in range(rounds):
@@ -104,10 +108,12 @@ def probe(device: str, rounds: int = 12) -> str:
                 counts.append(reply.stats.n)
         finally:
             timing.per_call_times = per_call_times  # type: ignore[attr-defined]
+            cupti_timer.CuptiTimer.start, cupti_timer.CuptiTimer.stop = start, stop  # type: ignore[method-assign]
             for (module, attr), value in saved.items():
                 setattr(modules[module], attr, value)
         lines.append(f"{name:20s} {statistics.median(counts):6.1f} calls a round, {statistics.median(walls) * 1e3:5.1f} ms a round,"
-                     f" per-call times {spent[0] * 1e3 / rounds:5.1f} ms a round, outside {reply.stats.outside_us or 0:5.1f} us,"
+                     f" per-call times {spent[0] * 1e3 / rounds:5.1f} ms and CUPTI start+stop {timer_spent[0] * 1e3 / rounds:5.1f} ms a round,"
+                     f" outside {reply.stats.outside_us or 0:5.1f} us,"
                      f" inside {reply.stats.host_median_us or 0:5.1f} us ({reply.stats.method})")
     return " | ".join(lines)
 
