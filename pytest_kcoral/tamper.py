@@ -75,6 +75,8 @@ class Snapshot:
     ids: dict[str, int] = field(default_factory=dict)
     # keep the objects alive so an id is never reused by a replacement
     _objects: list[Any] = field(default_factory=list)
+    # each key's path, resolved once (``_path``): the check runs after every command
+    _paths: dict[str, tuple[str, tuple[str, ...], bool]] = field(default_factory=dict)
 
     @classmethod
     def take(cls) -> Snapshot:
@@ -116,17 +118,23 @@ class Snapshot:
     def _record(self, key: str, value: Any) -> None:
         self.ids[key] = id(value)
         self._objects.append(value)
+        self._paths[key] = _path(key)
         code = getattr(value, "__code__", None) if isinstance(value, types.FunctionType) else None
         if code is not None:  # fn.__code__ = other: the same function object doing something else
             self.ids[key + _CODE] = id(code)
             self._objects.append(code)
+            self._paths[key + _CODE] = _path(key + _CODE)
 
     def changed(self) -> list[str]:
         """Watched names now bound to a different object (or deleted)."""
         problems = []
         missing = object()  # fresh, so it can be found in no namespace
+        modules = sys.modules
         for key, ident in self.ids.items():
-            current = _lookup(key, missing)
+            module_name, names, code = self._paths[key]
+            current = _resolve(modules.get(module_name), names, missing)
+            if code and current is not missing:
+                current = getattr(current, "__code__", missing)
             if current is missing or id(current) != ident:
                 problems.append(key)
         return problems
@@ -135,22 +143,26 @@ class Snapshot:
 _CODE = ".__code__"
 
 
-def _lookup(key: str, missing: Any) -> Any:
-    # the longest prefix that is a loaded module, then attributes (class namespaces, not getattr,
-    # so inherited or descriptor-made values are not mistaken for replacements)
-    if key.endswith(_CODE):
-        fn = _lookup(key[: -len(_CODE)], missing)
-        return missing if fn is missing else getattr(fn, "__code__", missing)
-    parts = key.split(".")
+def _path(key: str) -> tuple[str, tuple[str, ...], bool]:
+    """Where ``key`` lives: the longest prefix that is a loaded module, the attribute names below
+    it, and whether the key is a function's ``__code__``."""
+    code = key.endswith(_CODE)
+    parts = (key[: -len(_CODE)] if code else key).split(".")
     for cut in range(len(parts) - 1, 0, -1):
-        module = sys.modules.get(".".join(parts[:cut]))
-        if module is None:
-            continue
-        obj: Any = module
-        for name in parts[cut:]:
-            namespace = vars(obj) if hasattr(obj, "__dict__") else {}
-            if name not in namespace:
-                return missing
-            obj = namespace[name]
-        return obj
-    return missing
+        name = ".".join(parts[:cut])
+        if name in sys.modules:
+            return name, tuple(parts[cut:]), code
+    return parts[0], tuple(parts[1:]), code
+
+
+def _resolve(module: Any, names: tuple[str, ...], missing: Any) -> Any:
+    # class namespaces, not getattr: inherited or descriptor-made values are no replacements
+    if module is None:
+        return missing
+    obj: Any = module
+    for name in names:
+        namespace = vars(obj) if hasattr(obj, "__dict__") else {}
+        if name not in namespace:
+            return missing
+        obj = namespace[name]
+    return obj
