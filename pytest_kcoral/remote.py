@@ -218,7 +218,6 @@ def candidate_upload(spec: ItemSpec) -> tuple[LoadCandidate, dict[str, bytes]]:
     return LoadCandidate(path=path, shape=spec.shape.params), {path: spec.candidate.path.read_bytes()}
 
 
-
 def local_paths(text: str, spec: ItemSpec) -> str:
     """``text`` (a failure's traceback) with the program workspace's files named by their paths
     here: ``<workspace>/candidate/x.py`` is the candidate's file, ``<workspace>/case/y.py`` the
