@@ -5,8 +5,7 @@
 #   bash bench/gpu_check.sh "$OUT" suites attacks  (the next call, while the machine is still warm)
 # Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), suites (KernelBench and GPU MODE
 # on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), probe (where a child's timing rounds
-# lose their calls, ~1 min), noise (process
-# noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
+# lose their calls, ~1 min), noise (process noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
 # for host-set items; five since session 16, not yet timed at this budget), events (the events' own
 # cost, ~10 s), scaling (the seen shapes of every bundled case with 1, 1 again, 2 and 4 workers;
 # two GPUs; ~9 min: a call of its own), drift (the short-kernel cases with 1 and 2 workers at the
