@@ -5,7 +5,8 @@
 #   bash bench/gpu_check.sh "$OUT" suites attacks  (the next call, while the machine is still warm)
 # Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), suites (KernelBench and GPU MODE
 # on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), probe (where a child's timing rounds
-# lose their calls, ~1 min), noise (process noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
+# lose their calls, ~1 min), throughput (old tree against new, ~2 min), kernelbench (a call of its
+# own), noise (process noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
 # for host-set items; five since session 16, not yet timed at this budget), events (the events' own
 # cost, ~10 s), scaling (the seen shapes of every bundled case with 1, 1 again, 2 and 4 workers;
 # two GPUs; ~9 min: a call of its own), drift (the short-kernel cases with 1 and 2 workers at the
@@ -55,6 +56,15 @@ for part in $parts; do
         timeout 300 python3 bench/self_speedup.py --budget 0.3 --out /tmp/kcoral-self > "$out/self_speedup.log" 2>&1
         head -n 5 "$out/self_speedup.log"
         cp /tmp/kcoral-self/self_speedup.json "$out/" 2>/dev/null ;;
+    throughput)  # per-item cost, the tiny-kernel items, .oldtree's code against this checkout's, in turns (~2 min;
+                 # carry .oldtree: git archive OLD pytest_kcoral | tar -x -C .oldtree)
+        k='self and (vector_add or kcoral_relu)'
+        timeout 300 python3 bench/throughput.py --out /tmp/kcoral-throughput --config "old@.oldtree=-k \"$k\"" \
+            --config "new=-k \"$k\"" > "$out/throughput.log" 2>&1
+        cat "$out/throughput.log" ;;
+    kernelbench)  # KernelBench level-1 problems at their own sizes against a KernelBench-style eval loop (issue 28)
+        timeout 560 python3 bench/kernelbench_eval.py --out /tmp/kcoral-kb > "$out/kernelbench.log" 2>&1
+        cat "$out/kernelbench.log" ;;
     events)  # what events read against CUPTI, and the events' own cost (issue 7)
         timeout 60 python3 bench/events_cost.py > "$out/events_cost.log" 2>&1
         cat "$out/events_cost.log" ;;
@@ -70,6 +80,6 @@ for part in $parts; do
         cat "$out/drift.log"
         python3 bench/compare_runs.py /tmp/kcoral-drift/scaling_0_n1.json /tmp/kcoral-drift/scaling_1_n2.json \
             | tee "$out/drift_compare.log" ;;
-    *) echo "unknown part: $part (tests, suites, attacks, probe, noise, self, events, scaling, drift)" >&2 ;;
+    *) echo "unknown part: $part (tests, suites, attacks, probe, throughput, kernelbench, noise, self, events, scaling, drift)" >&2 ;;
     esac
 done
