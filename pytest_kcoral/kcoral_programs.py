@@ -27,11 +27,14 @@ from pytest_kcoral.context import Budget
 from pytest_kcoral.isolation import ChildFailure, failure_of
 from pytest_kcoral.messages import Command, ErrorInfo, LoadCandidate, M, MessageError, R, Started
 from pytest_kcoral.options import Settings
-from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE
+from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE, WATCHDOG_MESSAGE
 
 HARNESS_DIR = Path(__file__).resolve().parent
 # The server's limit is a backstop behind the runner's own watchdog, which names the phase.
 SERVER_TIMEOUT_GRACE_S = 30.0
+# A program's worker starts afresh (it imports torch and the case) before the item's own time
+# counts (``remote_runner.start``): this much more is allowed for that start.
+STARTUP_ALLOWANCE_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
 # While a program is out, the service's health is asked this often, and must answer this fast: the
 # client has no read timeout, so a server that stops answering (frozen, or a router whose last node
@@ -98,6 +101,9 @@ class Programs:
         self.client, self.health = connect(url)
         self.harness = harness_files()
         self.sent: list[dict[str, Any]] = []  # the programs sent for the item being graded (``extra.remote.programs``)
+        # the last worker's start, for a program whose worker died: KCoral then drops every reply,
+        # the start's included
+        self.last_startup_s = 0.0
 
     def close(self) -> None:
         self.client.close()
@@ -140,14 +146,15 @@ class Programs:
 
         def execute() -> None:
             try:
-                box["outcome"] = self.client.execute(program, timeout_seconds=budget_s + SERVER_TIMEOUT_GRACE_S)
+                box["outcome"] = self.client.execute(program, timeout_seconds=budget_s + STARTUP_ALLOWANCE_S + SERVER_TIMEOUT_GRACE_S)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 box["error"] = exc
 
         started = time.monotonic()
         thread = threading.Thread(target=execute, name="kcoral-remote-execute", daemon=True)
         thread.start()
-        patience = budget_s + SERVER_TIMEOUT_GRACE_S + (self.settings.lease_timeout_s if self.settings.lease_timeout_s is not None else float("inf"))
+        lease_s = self.settings.lease_timeout_s if self.settings.lease_timeout_s is not None else float("inf")
+        patience = budget_s + STARTUP_ALLOWANCE_S + SERVER_TIMEOUT_GRACE_S + lease_s
         while True:
             thread.join(HEALTH_POLL_S)
             if not thread.is_alive():
@@ -199,8 +206,14 @@ class Programs:
         except Exception as exc:  # ProtocolError
             return ReplayedChild.failed(ChildFailure("protocol", first, f"KCoral server at {self.url}: {type(exc).__name__}: {exc}"))
         wall_s = time.monotonic() - started
-        # waiting for a worker is not the item's own work (as waiting for a lease is not, locally)
-        budget.extend(outcome.queue_ms / 1000.0)
+        # waiting for a worker, and its start, are not the item's own work (as waiting for a lease
+        # is not, locally)
+        startup_s = startup_seconds(outcome)
+        if startup_s is None:
+            startup_s = self.last_startup_s
+        else:
+            self.last_startup_s = startup_s
+        budget.extend(outcome.queue_ms / 1000.0 + startup_s)
         self.sent.append({
             "role": role,
             "request_id": outcome.request_id,
@@ -211,7 +224,10 @@ class Programs:
             "lease_held_ms": outcome.lease_held_ms,
             "gpu_ids": list(outcome.gpu_ids),
         })
-        return ReplayedChild(outcome, phases, wall_s >= budget_s, role)
+        own_s = wall_s - outcome.queue_ms / 1000.0 - startup_s
+        # the runner's watchdog says so as it ends the worker, where the server passes its stderr on
+        watchdog = WATCHDOG_MESSAGE in (getattr(outcome, "stderr", None) or "")
+        return ReplayedChild(outcome, phases, watchdog or own_s >= budget_s, role)
 
 
 class ServiceDown(Exception):
@@ -358,9 +374,21 @@ class ReplayedChild:
 # The program's first instruction, which builds the runner (``remote_runner.start``).
 START = "start"
 STARTUP_PHASE = "startup"
-# a fresh worker per program imports torch and the case before the candidate: seconds on a busy CPU
-STARTUP_TIMEOUT_HINT = (": the KCoral worker had not started (a fresh process per program imports torch and the case first)"
-                        " when the item's time ran out; raise --kcoral-timeout")
+STARTUP_TIMEOUT_HINT = (f": the KCoral worker had not started (a fresh process per program imports torch and the case first)"
+                        f" within {STARTUP_ALLOWANCE_S:.0f} s; the server may be overloaded")
+
+
+def startup_seconds(outcome: Any) -> float | None:
+    """How long the program's worker took to start (``remote_runner.start``), or None when it
+    did not say (it never started)."""
+    reply = (getattr(outcome, "results", None) or {}).get(START)
+    if not reply:
+        return None
+    try:
+        value = json.loads(reply["header"]).get("startup_s")
+    except (TypeError, ValueError, KeyError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 # The stage a failure in each phase belongs to (a lost reply raises it from an earlier stage's call).
 _STAGE_OF_PHASE = {"startup": "compile", "import": "compile", "correctness": "correctness", "timing": "timing"}
 

@@ -100,6 +100,7 @@ class Started(Message):
     """A child's first word: it is ready for commands."""
 
     pid: int
+    startup_s: float = 0.0  # a KCoral worker's start (imports), which the item's time leaves out
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,23 @@ import json
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 _runner: Any = None
 _failed = False  # an earlier command failed: later ones in the same program do not run
 _watchdog: threading.Timer | None = None
 
-# Exit status of a worker whose item ran out of time (KCoral reports only that the worker exited).
+# Exit status of a worker whose item ran out of time (KCoral reports only that the worker exited),
+# and its last word on stderr, which the server does pass on.
 WATCHDOG_EXIT_STATUS = 124
+WATCHDOG_MESSAGE = "kcoral: item timeout reached in the KCoral worker"
 
 
 def start(role: str, case_spec: dict[str, Any], env: dict[str, str], budget_s: float) -> dict[str, Any]:
     """Set up the worker for one role and build the runner; ``{"ok": ...}`` like a command reply."""
     global _runner, _failed, _watchdog
-    # the item's own deadline: a hung stage ends this worker inside the instruction it reached,
-    # which KCoral reports with that instruction (the server's timeout alone names none)
-    _watchdog = threading.Timer(max(budget_s, 0.1), _expire)
-    _watchdog.daemon = True
-    _watchdog.start()
+    started = time.monotonic()
     os.environ.update(env)  # before torch and Triton load: TRITON_INTERPRET is read at import
     sys.dont_write_bytecode = True
     workdir = os.getcwd()
@@ -57,7 +56,13 @@ def start(role: str, case_spec: dict[str, Any], env: dict[str, str], budget_s: f
 
         _failed = True
         return _reply(child._error_reply(exc), None)
-    return _reply({"ok": True, "pid": os.getpid()}, None)
+    # the item's own deadline, from now: the imports above are the worker's start, not the item's
+    # work (the server's timeout bounds them). A hung stage ends this worker inside the
+    # instruction it reached, which KCoral reports with that instruction.
+    _watchdog = threading.Timer(max(budget_s, 0.1), _expire)
+    _watchdog.daemon = True
+    _watchdog.start()
+    return _reply({"ok": True, "pid": os.getpid(), "startup_s": time.monotonic() - started}, None)
 
 
 def command(cmd: str, header_json: str, payload: bytes | None) -> dict[str, Any]:
@@ -94,7 +99,7 @@ def _reply(header: dict[str, Any], payload: Any) -> dict[str, Any]:
 
 
 def _expire() -> None:
-    sys.stderr.write("kcoral: item timeout reached in the KCoral worker\n")
+    sys.stderr.write(WATCHDOG_MESSAGE + "\n")
     sys.stderr.flush()
     os._exit(WATCHDOG_EXIT_STATUS)
 

@@ -265,13 +265,15 @@ def test_remote_hang_times_out_in_the_phase_it_reached(make_case, run_kcoral, kc
     result.stdout.fnmatch_lines(["*kcoral correctness failed: timed out in phase 'correctness' (item timeout reached)*"])
 
 
-def test_a_worker_slower_to_start_than_the_item_timeout_says_so(make_case, run_kcoral, kcoral_url):
-    # a fresh KCoral worker imports torch and the case before the candidate: not the candidate's doing
+def test_a_workers_start_does_not_count_against_the_item_timeout(make_case, run_kcoral, kcoral_url, pytester):
+    # each program's worker imports torch and the case first (seconds on this CPU): not the
+    # candidate's work, so a timeout shorter than that still grades the item
     make_case("cases/add")
-    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness", "--kcoral-timeout", "0.2")
-    result.assert_outcomes(failed=1, deselected=1)
-    result.stdout.fnmatch_lines(["*timed out in phase 'startup' (item timeout reached): the KCoral worker had not started*"
-                                 " raise --kcoral-timeout*"])
+    result = run_kcoral("--kcoral-url", kcoral_url, "-m", "seen", "--kcoral-mode", "correctness", "--kcoral-timeout", "1",
+                        "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1, deselected=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["outcome"] == "passed", item["message"]
 
 
 RAISES_IN_A_HELPER = "def helper(a):\n    raise ValueError('boom')\n\ndef run(a, b):\n    return helper(a)\n"
