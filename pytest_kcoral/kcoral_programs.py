@@ -208,11 +208,9 @@ class Programs:
         wall_s = time.monotonic() - started
         # waiting for a worker, and its start, are not the item's own work (as waiting for a lease
         # is not, locally)
-        startup_s = startup_seconds(outcome)
-        if startup_s is None:
-            startup_s = self.last_startup_s
-        else:
-            self.last_startup_s = startup_s
+        said_s = startup_seconds(outcome)
+        startup_s = self.last_startup_s if said_s is None else said_s
+        self.last_startup_s = startup_s
         budget.extend(outcome.queue_ms / 1000.0 + startup_s)
         self.sent.append({
             "role": role,
@@ -223,6 +221,7 @@ class Programs:
             "lease_wait_ms": outcome.lease_wait_ms,
             "lease_held_ms": outcome.lease_held_ms,
             "gpu_ids": list(outcome.gpu_ids),
+            "startup_ms": None if said_s is None else round(said_s * 1000.0, 1),
         })
         own_s = wall_s - outcome.queue_ms / 1000.0 - startup_s
         # the runner's watchdog says so as it ends the worker, where the server passes its stderr on
