@@ -379,7 +379,8 @@ STARTUP_TIMEOUT_HINT = (f": the KCoral worker had not started (a fresh process p
 
 def startup_seconds(outcome: Any) -> float | None:
     """How long the program's worker took to start (``remote_runner.start``), or None when it
-    did not say (it never started)."""
+    did not say (it never started). At most ``STARTUP_ALLOWANCE_S``: the reply waits in the worker,
+    where the candidate's code runs later, so a forged figure must not buy the item more time."""
     reply = (getattr(outcome, "results", None) or {}).get(START)
     if not reply:
         return None
@@ -387,7 +388,7 @@ def startup_seconds(outcome: Any) -> float | None:
         value = json.loads(reply["header"]).get("startup_s")
     except (TypeError, ValueError, KeyError):
         return None
-    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
+    return min(float(value), STARTUP_ALLOWANCE_S) if isinstance(value, (int, float)) and value >= 0 else None
 # The stage a failure in each phase belongs to (a lost reply raises it from an earlier stage's call).
 _STAGE_OF_PHASE = {"startup": "compile", "import": "compile", "correctness": "correctness", "timing": "timing"}
 
