@@ -27,7 +27,7 @@ from pytest_kcoral.context import Budget
 from pytest_kcoral.isolation import ChildFailure, failure_of
 from pytest_kcoral.messages import Command, ErrorInfo, LoadCandidate, M, MessageError, R, Started
 from pytest_kcoral.options import Settings
-from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE, WATCHDOG_MESSAGE
+from pytest_kcoral.remote_runner import BOOTSTRAP_SOURCE
 
 HARNESS_DIR = Path(__file__).resolve().parent
 # The server's limit is a backstop behind the runner's own watchdog, which names the phase.
@@ -224,9 +224,7 @@ class Programs:
             "startup_ms": None if said_s is None else round(said_s * 1000.0, 1),
         })
         own_s = wall_s - outcome.queue_ms / 1000.0 - startup_s
-        # the runner's watchdog says so as it ends the worker, where the server passes its stderr on
-        watchdog = WATCHDOG_MESSAGE in (getattr(outcome, "stderr", None) or "")
-        return ReplayedChild(outcome, phases, watchdog or own_s >= budget_s, role)
+        return ReplayedChild(outcome, phases, own_s >= budget_s, role)
 
 
 class ServiceDown(Exception):

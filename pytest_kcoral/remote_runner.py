@@ -23,10 +23,8 @@ _runner: Any = None
 _failed = False  # an earlier command failed: later ones in the same program do not run
 _watchdog: threading.Timer | None = None
 
-# Exit status of a worker whose item ran out of time (KCoral reports only that the worker exited),
-# and its last word on stderr, which the server does pass on.
+# Exit status of a worker whose item ran out of time (KCoral reports only that the worker exited).
 WATCHDOG_EXIT_STATUS = 124
-WATCHDOG_MESSAGE = "kcoral: item timeout reached in the KCoral worker"
 
 
 def start(role: str, case_spec: dict[str, Any], env: dict[str, str], budget_s: float) -> dict[str, Any]:
@@ -99,7 +97,7 @@ def _reply(header: dict[str, Any], payload: Any) -> dict[str, Any]:
 
 
 def _expire() -> None:
-    sys.stderr.write(WATCHDOG_MESSAGE + "\n")
+    sys.stderr.write("kcoral: item timeout reached in the KCoral worker\n")
     sys.stderr.flush()
     os._exit(WATCHDOG_EXIT_STATUS)
 
