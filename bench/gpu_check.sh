@@ -59,9 +59,11 @@ for part in $parts; do
     throughput)  # per-item cost, the tiny-kernel items, .oldtree's code against this checkout's, in turns (~2 min;
                  # carry .oldtree: git archive OLD pytest_kcoral | tar -x -C .oldtree)
         k='self and (vector_add or kcoral_relu)'
-        timeout 300 python3 bench/throughput.py --out /tmp/kcoral-throughput --config "old@.oldtree=-k \"$k\"" \
-            --config "new=-k \"$k\"" > "$out/throughput.log" 2>&1
-        cat "$out/throughput.log" ;;
+        # bench/round_gap_plugin.py: where each round's time goes, seen from the session (in each log)
+        PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 bench/throughput.py --out /tmp/kcoral-throughput \
+            --config "old@.oldtree=-k \"$k\" -p round_gap_plugin" --config "new=-k \"$k\" -p round_gap_plugin" > "$out/throughput.log" 2>&1
+        cat "$out/throughput.log"
+        grep -H "round gap" /tmp/kcoral-throughput/*.log ;;
     kernelbench)  # KernelBench level-1 problems at their own sizes against a KernelBench-style eval loop (issue 28)
         timeout 560 python3 bench/kernelbench_eval.py --out /tmp/kcoral-kb > "$out/kernelbench.log" 2>&1
         cat "$out/kernelbench.log" ;;

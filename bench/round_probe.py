@@ -44,11 +44,16 @@ def run(a, b):
 
 
 # What each variant changes for its rounds: module globals of the timing code, set for the
-# variant and put back after. Suspects for the child's lost time: CUPTI's buffer (8 MiB, asked for
-# anew after each forced flush) and the interim checks (a forced flush and a re-attribution each).
+# variant and put back after. The child's lost time was CUPTI's buffer (asked for anew after each
+# forced flush) and the interim checks (a forced flush and a re-attribution each); the variants
+# put back the settings before the fix, one at a time and together.
+_BUFFER = ("pytest_kcoral.timing.cupti_timer", "_BUFFER_BYTES")
+_GROWTH = ("pytest_kcoral.timing", "_CHECK_GROWTH")  # {}: every timer checks at n/4, as all did before
 VARIANTS: dict[str, dict[tuple[str, str], Any]] = {
     "as is": {},
-    "CUPTI buffer 1 MiB": {("pytest_kcoral.timing.cupti_timer", "_BUFFER_BYTES"): 1 << 20},
+    "8 MiB buffer": {_BUFFER: 8 << 20},
+    "checks every n/4": {_GROWTH: {}},
+    "both (before)": {_BUFFER: 8 << 20, _GROWTH: {}},
     "no interim checks": {("pytest_kcoral.timing", "_FIRST_CHECK"): 1 << 30},
 }
 

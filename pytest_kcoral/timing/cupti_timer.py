@@ -21,7 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-_BUFFER_BYTES = 8 << 20
+# Asked for anew after every forced flush; a larger buffer's fresh pages cost a grading child
+# milliseconds each time (docs/performance.md). A full buffer is handed over and another asked for.
+_BUFFER_BYTES = 1 << 20
 
 
 class CuptiUnavailable(RuntimeError):
