@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_kcoral import checker, correctness, physical_floor, speed_of_light
+from pytest_kcoral import checker, correctness, host_memory, physical_floor, speed_of_light
 from pytest_kcoral.case_runtime import CaseRuntime
 from pytest_kcoral.child_outputs import aliases, check_inplace_indices, clone_values, flatten_outputs, leaves, require_plain_outputs, to_cpu
 from pytest_kcoral.messages import Check, CheckReply, Cost, CostReply, Reference, ReferenceReply, ReferenceResults
@@ -41,6 +41,8 @@ def reference(case: CaseRuntime, command: Reference) -> ReferenceReply:
         ref_args = clone_values(args)
         ref, structure = flatten_outputs(case.reference(shape, ref_args))
         require_plain_outputs(ref, "reference")
+        if t == 0:  # before the other trials take their share
+            host_memory.check(host_memory.tensor_bytes(args) + host_memory.tensor_bytes(ref), len(command.seeds), command.device == "cpu")
         # an output the reference returns as one of its inputs (``return a.add_(b)``, a no-op
         # ``x.to(x.dtype)``, GPU MODE's ``c[...] = a @ b; return c``): a candidate may too
         output_aliases.update(aliases(ref, ref_args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -726,3 +727,33 @@ def test_precision_must_be_a_percentage_or_off(make_case, run_kcoral, value):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--kcoral-precision must be a percentage above 0 and below 100*{value}*"])
 
+
+
+BIG_AND_SMALL_CASE = """
+import torch
+SEEN = [{"n": 256}, {"n": 1 << 26}]
+
+def make_inputs(shape, device):
+    n = shape["n"]
+    if n > 4096:  # 256 MiB a tensor, made fast: the memory check comes before the values matter
+        return torch.zeros(n, device=device), torch.zeros(n, device=device)
+    return torch.randn(n, device=device), torch.randn(n, device=device)
+
+def reference(a, b):
+    return a + b
+"""
+
+
+def test_a_shape_too_large_for_the_hosts_memory_fails_its_item_and_says_what_fits(make_case, run_kcoral, pytester):
+    # 1000 trials of 768 MiB each would need terabytes of host copies: refused after the first
+    # trial, with the trials that would fit, instead of the out-of-memory killer ending the session
+    make_case("cases/add", BIG_AND_SMALL_CASE, {"torch_add": "def run(a, b):\n    return a + b\n"})
+    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-trials", "1000", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1, failed=1)
+    items = {i["shape_id"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
+    big, small = items["n=67108864"], items["n=256"]
+    assert small["outcome"] == "passed", small["message"]
+    assert big["outcome"] == "failed" and "HostMemoryShort" in big["message"], big["message"]
+    assert re.search(r"needs about [\d.]+ GB of host memory and the host has [\d.]+ GB available: 1000 trials of 0\.81 GB", big["message"])
+    # what fits depends on the host: on a CPU, timing alone needs 32 trials' worth (26 GB here)
+    assert re.search(r"grade it with --kcoral-trials \d+ or fewer|even one trial does not fit", big["message"]), big["message"]
