@@ -3,7 +3,7 @@
 # allows 10 minutes, so pick the parts that fit (their time on an H200 beside each):
 #   bash bench/gpu_check.sh "$OUT" tests           (carry .whl: cupti-python and pyelftools wheels)
 #   bash bench/gpu_check.sh "$OUT" suites attacks  (the next call, while the machine is still warm)
-# Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), all (every bundled case's self-speedup, ~4 min), suites (KernelBench and GPU MODE
+# Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), suites (KernelBench and GPU MODE
 # on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), probe (where a child's timing rounds
 # lose their calls, ~1 min), throughput (old tree against new, ~2 min), kernelbench (a call of its
 # own), noise (process noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
@@ -63,14 +63,7 @@ for part in $parts; do
         PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 bench/throughput.py --out /tmp/kcoral-throughput \
             --config "old@.oldtree=-k \"$k\" -p round_gap_plugin" --config "new=-k \"$k\" -p round_gap_plugin" > "$out/throughput.log" 2>&1
         cat "$out/throughput.log"
-        grep -H "round gap" /tmp/kcoral-throughput/*.log
-        cp /tmp/kcoral-throughput/*.json "$out/" ;;
-    all)  # every bundled case's self-speedup at the defaults, this checkout (issue 28's figure; ~4 min)
-        PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" timeout 400 python3 bench/throughput.py --out /tmp/kcoral-all \
-            --config "all=-p round_gap_plugin" > "$out/all.log" 2>&1
-        cat "$out/all.log"
-        grep -H "round gap" /tmp/kcoral-all/*.log
-        cp /tmp/kcoral-all/*.json "$out/" ;;
+        grep -H "round gap" /tmp/kcoral-throughput/*.log ;;
     kernelbench)  # KernelBench level-1 problems at their own sizes against a KernelBench-style eval loop (issue 28)
         timeout 560 python3 bench/kernelbench_eval.py --out /tmp/kcoral-kb > "$out/kernelbench.log" 2>&1
         cat "$out/kernelbench.log" ;;
@@ -89,6 +82,6 @@ for part in $parts; do
         cat "$out/drift.log"
         python3 bench/compare_runs.py /tmp/kcoral-drift/scaling_0_n1.json /tmp/kcoral-drift/scaling_1_n2.json \
             | tee "$out/drift_compare.log" ;;
-    *) echo "unknown part: $part (tests, suites, attacks, probe, throughput, all, kernelbench, noise, self, events, scaling, drift)" >&2 ;;
+    *) echo "unknown part: $part (tests, suites, attacks, probe, throughput, kernelbench, noise, self, events, scaling, drift)" >&2 ;;
     esac
 done

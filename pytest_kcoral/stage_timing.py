@@ -59,11 +59,6 @@ GPU_SHORT_ROUNDS_MAX_BYTES = 1 << 20
 # Fewest pairs of rounds before timing may stop at the precision target: a distribution-free 95%
 # interval of a median needs six values (their extremes, 96.9%).
 MIN_ROUND_PAIRS = 6
-# Most pairs of rounds a pair of processes takes for an item the host's speed sets, when it is timed
-# in ``AUTO_PROCESS_PAIRS`` pairs or more: the spread between processes, not the rounds within one,
-# sets its precision, and the median pair of three kept identical code as close to 1.0 with 20 as
-# with 32 (docs/performance.md, "host-set pairs stop at 20 pairs of rounds").
-HOST_SET_ROUND_PAIRS = 20
 # The harness's own timing budget per callable when --kcoral-timing-budget is not given.
 DEFAULT_BUDGET_S = {"cpu": 0.2, "cuda": 1.0}
 
@@ -135,9 +130,8 @@ def record_figures(ctx: ItemContext, pairs: list[combine.ProcessPair], ref: Refe
     combine.charge_outside_work(all_base, all_cand, candidate_stats, keep=combine.rounds_in_turns(pairs))
     if ctx.settings.precision is not None:
         taken = ", ".join(str(len(p.candidate)) for p in pairs)
-        host_set_cap = f" ({HOST_SET_ROUND_PAIRS} for a host-set item)" if len(pairs) > 1 else ""
         candidate_stats.flags.append(flag(Flag.PRECISION_TARGET, f"{ctx.settings.precision:.2%}",
-                                          f"pairs of rounds taken per pair of processes {taken} of at most {rounds_of(ctx, ref)}{host_set_cap}"))
+                                          f"pairs of rounds taken per pair of processes {taken} of at most {rounds_of(ctx, ref)}"))
     result.baseline_timing = baseline_stats.to_dict()
     result.candidate_timing = candidate_stats.to_dict()
     result.t_baseline_us = baseline_stats.median_us
@@ -184,7 +178,7 @@ def time_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: 
         one, other = (leads, follows) if r % 2 == 0 else (follows, leads)
         one(r)
         other(r)
-        if precise_enough(ctx, pair) or host_set_rounds_enough(ctx, pair):
+        if precise_enough(ctx, pair):
             break
     return pair
 
@@ -207,30 +201,6 @@ def precise_enough(ctx: ItemContext, pair: combine.ProcessPair) -> bool:
         return False
     centre = combine.median_ratio(ratios)
     return centre * (1 - precision) <= interval[0] and interval[1] <= centre * (1 + precision)
-
-
-def host_set_rounds_enough(ctx: ItemContext, pair: combine.ProcessPair) -> bool:
-    """Whether ``pair`` has the ``HOST_SET_ROUND_PAIRS`` pairs of rounds a host-set item's pair of
-    processes needs: only under a precision target (``--kcoral-precision off`` takes every round),
-    for an item timed in ``AUTO_PROCESS_PAIRS`` pairs or more, whose rounds so far say the host's
-    speed sets it. Checked at even counts, as ``precise_enough`` is."""
-    taken = len(pair.candidate)
-    if ctx.settings.precision is None or taken < HOST_SET_ROUND_PAIRS or taken % 2:
-        return False
-    pairs = ctx.settings.process_pairs or AUTO_PROCESS_PAIRS  # under auto, a host-set item's
-    if ctx.plan.max_process_pairs is not None:
-        pairs = min(pairs, ctx.plan.max_process_pairs)
-    return pairs >= AUTO_PROCESS_PAIRS and host_set_so_far(pair)
-
-
-def host_set_so_far(pair: combine.ProcessPair) -> bool:
-    """``host_set`` of the rounds taken so far, leaving the pair's figures, which are computed once
-    its rounds are all in, to be computed then."""
-    keep = pair.kept()
-    try:
-        return any(combine.host_set_side(combine.combine_rounds(pair.rounds(side), keep=keep).to_dict()) for side in combine.SIDES)
-    except ValueError:
-        return False
 
 
 def first_sides_of(ctx: ItemContext) -> Iterator[str]:

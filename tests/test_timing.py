@@ -786,34 +786,3 @@ def test_a_timing_round_leaves_no_garbage_behind() -> None:
         gc.enable()
     assert reply.stats.n >= 20
     assert garbage < reply.stats.n // 10, f"{garbage} objects in reference cycles after {reply.stats.n} timed calls"
-
-
-def test_a_host_set_items_pair_of_processes_stops_at_its_cap_of_rounds():
-    """``stage_timing.host_set_rounds_enough``: a pair of processes of an item the host's speed sets
-    stops at ``HOST_SET_ROUND_PAIRS`` pairs of rounds when the item is timed in three pairs or
-    more; not before, not for a GPU-bound item, not with one or two pairs, not with the precision
-    target off. The pair's figures, computed once its rounds are in, are not computed early."""
-    from types import SimpleNamespace
-
-    from pytest_kcoral.context import LOCAL, REMOTE
-    from pytest_kcoral.stage_timing import HOST_SET_ROUND_PAIRS, host_set_rounds_enough
-
-    def pair(rounds, host_bound):
-        base, cand = _rounds([40.0] * rounds), _rounds([40.0] * rounds)
-        for r in base + cand:
-            r.host_bound = host_bound
-        return combine.ProcessPair(base, cand)
-
-    def ctx(precision=0.01, process_pairs=None, plan=LOCAL):
-        return SimpleNamespace(settings=SimpleNamespace(precision=precision, process_pairs=process_pairs), plan=plan)
-
-    host_set = pair(HOST_SET_ROUND_PAIRS, host_bound=True)
-    assert host_set_rounds_enough(ctx(), host_set)
-    assert host_set._stats == {} and host_set._speedup is None  # left for when its rounds are all in
-    assert host_set_rounds_enough(ctx(process_pairs=5), host_set)
-    assert not host_set_rounds_enough(ctx(), pair(HOST_SET_ROUND_PAIRS - 2, host_bound=True))
-    assert not host_set_rounds_enough(ctx(), pair(HOST_SET_ROUND_PAIRS + 1, host_bound=True))  # even counts only
-    assert not host_set_rounds_enough(ctx(), pair(HOST_SET_ROUND_PAIRS, host_bound=False))
-    assert not host_set_rounds_enough(ctx(process_pairs=2), host_set)
-    assert not host_set_rounds_enough(ctx(plan=REMOTE), host_set)
-    assert not host_set_rounds_enough(ctx(precision=None), host_set)
