@@ -33,10 +33,19 @@ def tensor_bytes(values: Any) -> int:
 def available_bytes() -> int | None:
     """The host's ``MemAvailable`` (free memory and what the kernel can reclaim), or None where
     ``/proc/meminfo`` does not say."""
+    return _meminfo("MemAvailable")
+
+
+def total_bytes() -> int | None:
+    """The host's memory (``MemTotal``), or None where ``/proc/meminfo`` does not say."""
+    return _meminfo("MemTotal")
+
+
+def _meminfo(name: str) -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(name + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

@@ -9,9 +9,11 @@ The cache also holds the case's cost and physical floor at the shape, measured o
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_kcoral import host_memory
 from pytest_kcoral.cases import KERNELBENCH
 from pytest_kcoral.context import ItemContext, ItemSpec, StageFailed
 from pytest_kcoral.failures import case_call
@@ -54,12 +56,23 @@ class ReferenceData:
 FloorAndCost = tuple[dict[str, Any] | None, dict[str, float] | None]
 
 
+# The share of the host's memory the references kept for later items may take; beyond it the least
+# recently used goes, and is computed again if an item needs it. A session of large problems would
+# otherwise hold every reference it made, and leave later items no memory (``host_memory``).
+REFERENCE_CACHE_SHARE = 1 / 8
+REFERENCE_CACHE_BYTES_UNKNOWN_HOST = 4 << 30  # where the host's memory is not known
+
+
 class ReferenceCache:
     """The reference data and the cost of each (case, shape) on each device, computed once per
-    session, for every candidate of the case."""
+    session, for every candidate of the case, while they fit in ``REFERENCE_CACHE_SHARE`` of the
+    host's memory (the latest always kept)."""
 
     def __init__(self) -> None:
-        self._references: dict[tuple[Any, ...], ReferenceData] = {}
+        self._references: OrderedDict[tuple[Any, ...], ReferenceData] = OrderedDict()
+        self._bytes: dict[tuple[Any, ...], int] = {}
+        total = host_memory.total_bytes()
+        self.max_bytes = int(total * REFERENCE_CACHE_SHARE) if total is not None else REFERENCE_CACHE_BYTES_UNKNOWN_HOST
         self._costs: dict[tuple[Any, ...], FloorAndCost] = {}
 
     def reference(self, ctx: ItemContext, processes: Processes) -> ReferenceData:
@@ -69,9 +82,15 @@ class ReferenceCache:
         # two folders holding the same files have different references
         key = (case.case_id, case.content_hash, shape.split, shape.shape_id, settings.seed, ctx.device, settings.trials)
         cached = self._references.get(key)
-        if cached is None:
-            cached = self._references[key] = compute_reference(ctx, processes)
-        return cached
+        if cached is not None:
+            self._references.move_to_end(key)
+            return cached
+        data = compute_reference(ctx, processes)
+        self._references[key], self._bytes[key] = data, reference_bytes(data)
+        while len(self._references) > 1 and sum(self._bytes.values()) > self.max_bytes:
+            oldest, _ = self._references.popitem(last=False)
+            del self._bytes[oldest]
+        return data
 
     def floor_and_cost(self, ctx: ItemContext, processes: Processes) -> FloorAndCost:
         """The physical floor (a bandwidth measurement, under the lease) and the case's cost at
@@ -152,6 +171,11 @@ def reply_limit(ref: ReferenceData, results: int) -> int:
 def result_bytes(ref: ReferenceData) -> int:
     """Tensor bytes of one result: the reference's outputs and in-place results for one input."""
     return tensor_bytes(ref.reference[0]) + (tensor_bytes(ref.written[0]) if ref.written else 0)
+
+
+def reference_bytes(ref: ReferenceData) -> int:
+    """What ``ref`` holds: every trial's inputs, reference results and in-place results."""
+    return sum(tensor_bytes(values) for values in (*ref.inputs, *ref.reference, *ref.written))
 
 
 def tensor_bytes(values: Any) -> int:

@@ -6,6 +6,7 @@ import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kernels import triton_add
@@ -757,3 +758,35 @@ def test_a_shape_too_large_for_the_hosts_memory_fails_its_item_and_says_what_fit
     assert re.search(r"needs about [\d.]+ GB of host memory and the host has [\d.]+ GB available: 1000 trials of 0\.81 GB", big["message"])
     # what fits depends on the host: on a CPU, timing alone needs 32 trials' worth (26 GB here)
     assert re.search(r"grade it with --kcoral-trials \d+ or fewer|even one trial does not fit", big["message"]), big["message"]
+
+
+
+def test_the_reference_cache_lets_the_least_recently_used_go_beyond_its_bytes(monkeypatch):
+    # items run shape by shape, so the latest reference serves the next candidates; older ones
+    # are kept while they fit, then the least recently used goes and is made again when needed
+    import torch
+
+    from pytest_kcoral import stage_reference
+    from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData
+
+    made: list[str] = []
+
+    def compute(ctx, processes):
+        made.append(ctx.spec.shape.shape_id)
+        n = 1024 if ctx.spec.shape.shape_id != "huge" else 1 << 20
+        return ReferenceData(inputs=[(torch.zeros(n),)], reference=[(torch.zeros(n),)], baseline_correct=None)
+
+    def ctx(shape_id):
+        return SimpleNamespace(spec=SimpleNamespace(case=SimpleNamespace(case_id="cases/add", content_hash="h"),
+                                                    shape=SimpleNamespace(split="seen", shape_id=shape_id)),
+                               settings=SimpleNamespace(seed=1, trials=1), device="cpu")
+
+    monkeypatch.setattr(stage_reference, "compute_reference", compute)
+    cache = ReferenceCache()
+    assert cache.max_bytes > 0
+    cache.max_bytes = 2 * 8192  # two references of 4 KiB inputs and 4 KiB results
+    for shape_id in ["s1", "s2", "s1", "s3", "s1", "s2", "huge", "huge", "s1"]:
+        data = cache.reference(ctx(shape_id), None)
+        assert stage_reference.reference_bytes(data) == (8192 if shape_id != "huge" else 8 << 20)
+    # s1 used again before s3 came, so s2 went; the huge one, over the limit alone, stays while latest
+    assert made == ["s1", "s2", "s3", "s2", "huge", "s1"]
