@@ -120,7 +120,47 @@ def probe(device: str, rounds: int = 12) -> str:
                      f" per-call times {spent[0] * 1e3 / rounds:5.1f} ms and CUPTI start+stop {timer_spent[0] * 1e3 / rounds:5.1f} ms a round,"
                      f" outside {reply.stats.outside_us or 0:5.1f} us,"
                      f" inside {reply.stats.host_median_us or 0:5.1f} us ({reply.stats.method})")
+    lines.append(round_parts(held, case, command, device, rng, rounds))
     return " | ".join(lines)
+
+
+def round_parts(held: Any, case: Any, command: Any, device: str, rng: Any, rounds: int) -> str:
+    """Where a round's time goes besides its timed calls, as the code is: the round's wall time,
+    the timed loop's, and the rest (warm-up, calibration, CUPTI's start and stop, the final
+    attribution, the kept output); then what the child does after a round, as medians: the audit
+    (in a grading child, whose runner holds the snapshot and the leftovers baseline) and the
+    reply's header as JSON."""
+    import gc
+    import json as json_module
+
+    from pytest_kcoral import timing
+    from pytest_kcoral.child_timing import time_round
+
+    loop, walls, loops, encodes, audits = [0.0], [], [], [], []
+    timed_calls = timing._timed_calls
+    timing._timed_calls = _timed(timed_calls, loop)  # type: ignore[attr-defined]
+    try:
+        for _ in range(rounds):
+            loop[0] = 0.0
+            t0 = time.perf_counter()
+            reply = time_round(held, case, command, device, rng)
+            walls.append(time.perf_counter() - t0)
+            loops.append(loop[0])
+            t0 = time.perf_counter()
+            json_module.dumps(reply.to_wire()[0])
+            encodes.append(time.perf_counter() - t0)
+    finally:
+        timing._timed_calls = timed_calls  # type: ignore[attr-defined]
+    runners = [o for o in gc.get_objects() if type(o).__name__ == "_Runner" and getattr(o, "snapshot", None) is not None]
+    for runner in runners[:1]:
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            runner._audit()
+            audits.append(time.perf_counter() - t0)
+    audit = f"{statistics.median(audits) * 1e3:5.2f} ms" if audits else "- (not in a grading child)"
+    return (f"round parts: wall {statistics.median(walls) * 1e3:5.1f} ms, timed loop {statistics.median(loops) * 1e3:5.1f} ms,"
+            f" the rest {statistics.median(w - t for w, t in zip(walls, loops)) * 1e3:5.1f} ms;"
+            f" after it: reply header as JSON {statistics.median(encodes) * 1e3:5.2f} ms, audit {audit}")
 
 
 def main() -> None:

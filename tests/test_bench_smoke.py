@@ -72,6 +72,9 @@ def test_startup_bench_breaks_down_a_session_on_the_cpu():
 
 def test_round_probe_reads_rounds_in_a_plain_process_and_in_grading_children():
     out = _bench("round_probe.py")
-    variants = [line for line in out.splitlines() if re.match(r"\s+(as is|CUPTI buffer 1 MiB|no interim checks)\s+\d", line)]
-    assert len(variants) == 9, out  # three variants, in this process and in two grading children
+    variants = [line for line in out.splitlines() if re.match(r"\s+\S.*\s+[\d.]+ calls a round, ", line)]
+    assert len(variants) == 15, out  # five variants, in this process and in two grading children
+    parts = [line for line in out.splitlines() if "round parts: wall" in line]
+    assert len(parts) == 3 and "audit - (not in a grading child)" in parts[0], out
+    assert all(re.search(r"audit +[\d.]+ ms", line) for line in parts[1:]), out  # the children's runner found and audited
     assert "a grading child (confinement off):" in out and "no figures" not in out, out
