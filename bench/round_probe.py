@@ -152,12 +152,20 @@ def round_parts(held: Any, case: Any, command: Any, device: str, rng: Any, round
     finally:
         timing._timed_calls = timed_calls  # type: ignore[attr-defined]
     runners = [o for o in gc.get_objects() if type(o).__name__ == "_Runner" and getattr(o, "snapshot", None) is not None]
+    tampers, leftovers = [], []
     for runner in runners[:1]:
         for _ in range(rounds):
             t0 = time.perf_counter()
             runner._audit()
-            audits.append(time.perf_counter() - t0)
-    audit = f"{statistics.median(audits) * 1e3:5.2f} ms" if audits else "- (not in a grading child)"
+            t1 = time.perf_counter()
+            runner.snapshot.changed()
+            t2 = time.perf_counter()
+            runner.baseline.find()
+            audits.append(t1 - t0)
+            tampers.append(t2 - t1)
+            leftovers.append(time.perf_counter() - t2)
+    audit = (f"{statistics.median(audits) * 1e3:5.2f} ms (tamper snapshot {statistics.median(tampers) * 1e3:.2f} ms,"
+             f" leftovers {statistics.median(leftovers) * 1e3:.2f} ms)") if audits else "- (not in a grading child)"
     return (f"round parts: wall {statistics.median(walls) * 1e3:5.1f} ms, timed loop {statistics.median(loops) * 1e3:5.1f} ms,"
             f" the rest {statistics.median(w - t for w, t in zip(walls, loops)) * 1e3:5.1f} ms;"
             f" after it: reply header as JSON {statistics.median(encodes) * 1e3:5.2f} ms, audit {audit}")
