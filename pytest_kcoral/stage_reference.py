@@ -17,6 +17,7 @@ from pytest_kcoral import host_memory
 from pytest_kcoral.cases import KERNELBENCH
 from pytest_kcoral.context import ItemContext, ItemSpec, StageFailed
 from pytest_kcoral.failures import case_call
+from pytest_kcoral.host_memory import tensor_bytes
 from pytest_kcoral.messages import Cost, Reference, Run, RunInputs, ToleranceSpec
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 from pytest_kcoral.transport import Processes
@@ -177,8 +178,3 @@ def reference_bytes(ref: ReferenceData) -> int:
     """What ``ref`` holds: every trial's inputs, reference results and in-place results."""
     return sum(tensor_bytes(values) for values in (*ref.inputs, *ref.reference, *ref.written))
 
-
-def tensor_bytes(values: Any) -> int:
-    import torch  # as in ``correctness_run``
-
-    return sum(v.numel() * v.element_size() for v in values or () if isinstance(v, torch.Tensor))

@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 from pytest_kcoral import checker, combine, correctness, speed_of_light, speedup_interval
 from pytest_kcoral.context import ItemContext, StageFailed, timed_phase
 from pytest_kcoral.failures import candidate_call, case_call, one_screen
+from pytest_kcoral.host_memory import tensor_bytes
 from pytest_kcoral.messages import Check, CheckReply, Finish, Reference, Time, TimedOutput
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS
 from pytest_kcoral.results import TimingStats
 from pytest_kcoral.stage_correctness import baseline_goes_the_candidates_way, check_correctness
-from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData, reply_limit, result_bytes, tensor_bytes, untimed_reason
+from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData, reply_limit, result_bytes, untimed_reason
 from pytest_kcoral.timing_flags import Flag, flag, has
 from pytest_kcoral.transport import Processes, Transport
 
