@@ -23,6 +23,9 @@ class HostMemoryShort(MemoryError):
     """The trials of a shape would need more host memory than the host has available."""
 
 
+HOST_MEMORY_SHORT = HostMemoryShort.__name__  # how its failure reads in the item's message
+
+
 def tensor_bytes(values: Any) -> int:
     """Bytes of the tensors among ``values``."""
     import torch
@@ -52,19 +55,36 @@ def _meminfo(name: str) -> int | None:
     return None
 
 
-def check(trial_bytes: int, trials: int, on_cpu: bool) -> None:
+def check(trial_bytes: int, trials: int, timed_on_cpu: bool, held_bytes: int = 0) -> None:
     """Raise ``HostMemoryShort`` when ``trials`` trials of ``trial_bytes`` of inputs and results
-    each need more than the host's available memory, naming the trials that would fit."""
-    available = available_bytes()
-    fixed = CPU_TIMING_COPIES * trial_bytes if on_cpu else 0
-    need = HOST_COPIES * trial_bytes * trials + fixed
-    if available is None or need <= available:
+    each (timed on a CPU: and their timing) need more than the host's available memory, saying
+    what would fit. ``held_bytes``: what the caller holds already of the first trial, counted in
+    the need and so added back to what is available."""
+    free = available_bytes()
+    if free is None:
         return
-    fits = max(0, available - fixed) // (HOST_COPIES * trial_bytes) if trial_bytes else trials
-    remedy = (f"grade it with --kcoral-trials {fits} or fewer, or on a host with more memory" if fits
-              else "even one trial does not fit: grade it on a host with more memory, or at a smaller shape")
+    available = free + held_bytes
+    per_trial = HOST_COPIES * trial_bytes
+    fixed = CPU_TIMING_COPIES * trial_bytes if timed_on_cpu else 0
+    need = per_trial * trials + fixed
+    if need <= available:
+        return
+    fits = max(0, available - fixed) // per_trial if trial_bytes else trials
+    untimed_fits = available // per_trial if trial_bytes else trials
+    remedies = []
+    if fits:
+        remedies.append(_trials(fits))
+    if timed_on_cpu and untimed_fits > fits:
+        remedies.append("--kcoral-mode correctness (no timing)" + ("" if untimed_fits >= trials else f" and {_trials(untimed_fits)}"))
+    remedy = ("grade it with " + ", or ".join(remedies) + ", or on a host with more memory" if remedies else
+              "even one trial does not fit: grade it on a host with more memory, or at a smaller shape"
+              " (a KernelBench file: its size constants, or a SEEN list of smaller shapes)")
+    timing = f", and the timing on the CPU about {CPU_TIMING_COPIES} times one trial" if timed_on_cpu else ""
     raise HostMemoryShort(
         f"this shape needs about {need / 1e9:.1f} GB of host memory and the host has {available / 1e9:.1f} GB available:"
         f" {trials} trials of {trial_bytes / 1e9:.2f} GB of inputs and results each, held about {HOST_COPIES} times over by the"
-        f" grading processes{', and the timing on the CPU about ' + str(CPU_TIMING_COPIES) + ' times one trial' if on_cpu else ''};"
-        f" {remedy}")
+        f" grading processes{timing}; {remedy}")
+
+
+def _trials(n: int) -> str:
+    return "--kcoral-trials 1" if n == 1 else f"--kcoral-trials {n} (at most)"

@@ -265,6 +265,10 @@ class Reference(Command[ReferenceReply]):
     tolerance: ToleranceSpec | None = None  # None: compute only (the timed outputs' check)
     inplace: list[int] = field(default_factory=list)  # the case's INPLACE inputs
     written_inputs: list[int] | None = None  # whose values to send after the call; None: those it wrote
+    # refuse the shape when its trials would not fit in the host's memory (``host_memory``): the
+    # item's reference only, and its timing's share counted only when the item is timed
+    check_host_memory: bool = False
+    timed: bool = True
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pytest_kcoral import host_memory
 from pytest_kcoral.cases import KERNELBENCH
 from pytest_kcoral.context import ItemContext, ItemSpec, StageFailed
 from pytest_kcoral.failures import case_call
-from pytest_kcoral.host_memory import tensor_bytes
+from pytest_kcoral.host_memory import HOST_MEMORY_SHORT, tensor_bytes
 from pytest_kcoral.messages import Cost, Reference, Run, RunInputs, ToleranceSpec
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 from pytest_kcoral.transport import Processes
@@ -74,6 +74,7 @@ class ReferenceCache:
         self._bytes: dict[tuple[Any, ...], int] = {}
         total = host_memory.total_bytes()
         self.max_bytes = int(total * REFERENCE_CACHE_SHARE) if total is not None else REFERENCE_CACHE_BYTES_UNKNOWN_HOST
+        self._too_large: dict[tuple[Any, ...], StageFailed] = {}  # shapes refused for the host's memory
         self._costs: dict[tuple[Any, ...], FloorAndCost] = {}
 
     def reference(self, ctx: ItemContext, processes: Processes) -> ReferenceData:
@@ -86,7 +87,15 @@ class ReferenceCache:
         if cached is not None:
             self._references.move_to_end(key)
             return cached
-        data = compute_reference(ctx, processes)
+        if key in self._too_large:
+            raise self._too_large[key]
+        try:
+            data = compute_reference(ctx, processes)
+        except StageFailed as failure:
+            # the next candidates at the shape would make a full trial again, only to be refused
+            if failure.case_failed and HOST_MEMORY_SHORT in failure.message:
+                self._too_large[key] = failure
+            raise
         self._references[key], self._bytes[key] = data, reference_bytes(data)
         while len(self._references) > 1 and sum(self._bytes.values()) > self.max_bytes:
             oldest, _ = self._references.popitem(last=False)
@@ -114,6 +123,7 @@ def compute_reference(ctx: ItemContext, processes: Processes) -> ReferenceData:
     reply = case_call(ctx, processes, Reference(
         shape=shape.params, seeds=seeds, device=ctx.device, baseline=check_baseline,
         tolerance=ToleranceSpec(atol=tol.atol, rtol=tol.rtol, strict=tol.strict), inplace=list(case.inplace),
+        check_host_memory=True, timed=ctx.timed,
     ), "reference")
     if reply.unsteady:
         raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference is not deterministic: a second call on"

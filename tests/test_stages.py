@@ -745,20 +745,30 @@ def reference(a, b):
 """
 
 
-def test_a_shape_too_large_for_the_hosts_memory_fails_its_item_and_says_what_fits(make_case, run_kcoral, pytester):
+@pytest.mark.parametrize("mode", ["correctness", "full"])
+def test_a_shape_too_large_for_the_hosts_memory_fails_its_items_and_says_what_fits(make_case, run_kcoral, pytester, mode):
     # 1000 trials of 768 MiB each would need terabytes of host copies: refused after the first
-    # trial, with the trials that would fit, instead of the out-of-memory killer ending the session
-    make_case("cases/add", BIG_AND_SMALL_CASE, {"torch_add": "def run(a, b):\n    return a + b\n"})
-    result = run_kcoral("--kcoral-mode", "correctness", "--kcoral-trials", "1000", "--kcoral-json", "out.json")
-    result.assert_outcomes(passed=1, failed=1)
-    items = {i["shape_id"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
-    big, small = items["n=67108864"], items["n=256"]
-    assert small["outcome"] == "passed", small["message"]
-    assert big["outcome"] == "failed" and "HostMemoryShort" in big["message"], big["message"]
-    assert re.search(r"needs about [\d.]+ GB of host memory and the host has [\d.]+ GB available: 1000 trials of 0\.81 GB", big["message"])
-    # what fits depends on the host: on a CPU, timing alone needs 32 trials' worth (26 GB here)
-    assert re.search(r"grade it with --kcoral-trials \d+ or fewer|even one trial does not fit", big["message"]), big["message"]
+    # trial, with what would fit, instead of the out-of-memory killer ending the session; once
+    # per shape, not once per candidate
+    make_case("cases/add", BIG_AND_SMALL_CASE, {"one": SAME_ADD, "two": SAME_ADD})
+    result = run_kcoral("--kcoral-mode", mode, "--kcoral-trials", "1000", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2, failed=2)
+    items = {(i["candidate"], i["shape_id"]): i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
+    assert items["one", "n=256"]["outcome"] == items["two", "n=256"]["outcome"] == "passed"
+    first, second = items["one", "n=67108864"], items["two", "n=67108864"]
+    for big in (first, second):
+        assert big["outcome"] == "failed" and "HostMemoryShort" in big["message"], big["message"]
+        assert re.search(r"needs about [\d.]+ GB of host memory and the host has [\d.]+ GB available: 1000 trials of 0\.81 GB",
+                         big["message"]), big["message"]
+    assert second["message"] == first["message"] and second["phases_ms"]["reference"] < 50, second["phases_ms"]
+    # what fits depends on the host's memory; on a CPU, a timed item's timing needs 32 trials' worth
+    message = first["message"].split("\n", 1)[0]
+    assert ("timing on the CPU" in message) == (mode == "full"), message
+    assert ("--kcoral-mode correctness" in message) == (mode == "full" and "--kcoral-trials" in message), message
+    assert re.search(r"grade it with --kcoral-(trials \d+ \(at most\)|trials 1|mode correctness)|even one trial does not fit", message), message
 
+
+SAME_ADD = "def run(a, b):\n    return a + b\n"
 
 
 def test_the_reference_cache_lets_the_least_recently_used_go_beyond_its_bytes(monkeypatch):
