@@ -202,8 +202,9 @@ def _is_compile_error(exc: BaseException) -> bool:
 
 # what torch says when a case needs CUDA on a machine without it; a CPU build of torch raises the
 # last one for ``torch.Generator(device="cuda")``, which GPU MODE's reference.py files use
+# the last: a CUDA extension (``load_inline`` with ``cuda_sources``) built where there is no CUDA toolkit
 _CUDA_MISSING = ("Torch not compiled with CUDA", "No CUDA GPUs are available", "Found no NVIDIA driver", "CUDA driver",
-                 "without ATen_cuda library")
+                 "without ATen_cuda library", "CUDA_HOME environment variable is not set")
 
 
 def _needs_cuda(exc: BaseException) -> bool:

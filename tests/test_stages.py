@@ -800,3 +800,27 @@ def test_the_reference_cache_lets_the_least_recently_used_go_beyond_its_bytes(mo
         assert stage_reference.reference_bytes(data) == (8192 if shape_id != "huge" else 8 << 20)
     # s1 used again before s3 came, so s2 went; the huge one, over the limit alone, stays while latest
     assert made == ["s1", "s2", "s3", "s2", "huge", "s1"]
+
+
+LOAD_INLINE_CANDIDATE = """
+from torch.utils.cpp_extension import load_inline
+
+_ext = load_inline(name="kcoral_add_ext", cpp_sources="void add();", cuda_sources="__global__ void k() {} void add() {}",
+                   functions=["add"])
+
+def run(a, b):
+    return a + b
+"""
+
+
+def test_a_cuda_extension_candidate_skips_on_a_host_without_cuda(make_case, run_kcoral):
+    # KernelBench's usual candidate builds its kernel with load_inline at import: on a CPU host it
+    # needs CUDA, as a candidate calling .cuda() does, and skips the same way instead of failing
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is not None:
+        pytest.skip(f"a CUDA toolkit is here ({cpp_extension.CUDA_HOME}): the extension would build")
+    make_case("cases/add", candidates={"ext": LOAD_INLINE_CANDIDATE})
+    result = run_kcoral("-m", "seen", "-rs")
+    result.assert_outcomes(skipped=1, deselected=1)
+    result.stdout.fnmatch_lines(["*needs CUDA*CUDA_HOME environment variable is not set*"])
