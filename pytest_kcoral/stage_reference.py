@@ -87,8 +87,9 @@ class ReferenceCache:
         if cached is not None:
             self._references.move_to_end(key)
             return cached
-        if key in self._too_large:
-            raise self._too_large[key]
+        refused = self._too_large.get(key)
+        if refused is not None:  # a fresh exception: one raised again would keep every item's traceback
+            raise StageFailed(refused.stage, refused.message, refused.phase, case_failed=True)
         try:
             data = compute_reference(ctx, processes)
         except StageFailed as failure:
