@@ -43,9 +43,9 @@ def reference(case: CaseRuntime, command: Reference) -> ReferenceReply:
         require_plain_outputs(ref, "reference")
         if t == 0 and command.check_host_memory:  # before the other trials take their share
             on_cpu = command.device == "cpu"
-            host_memory.check(host_memory.tensor_bytes(args) + host_memory.tensor_bytes(ref), len(command.seeds),
-                              timed_on_cpu=command.timed and on_cpu,
-                              held_bytes=sum(map(host_memory.tensor_bytes, (args, ref_args, ref))) if on_cpu else 0)
+            trial_bytes = host_memory.tensor_bytes(args) + host_memory.tensor_bytes(ref)
+            held_bytes = trial_bytes + host_memory.tensor_bytes(ref_args) if on_cpu else 0
+            host_memory.check(trial_bytes, len(command.seeds), timed_on_cpu=command.timed and on_cpu, held_bytes=held_bytes)
         # an output the reference returns as one of its inputs (``return a.add_(b)``, a no-op
         # ``x.to(x.dtype)``, GPU MODE's ``c[...] = a @ b; return c``): a candidate may too
         output_aliases.update(aliases(ref, ref_args))

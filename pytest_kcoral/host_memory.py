@@ -69,8 +69,8 @@ def check(trial_bytes: int, trials: int, timed_on_cpu: bool, held_bytes: int = 0
     need = per_trial * trials + fixed
     if need <= available:
         return
-    fits = max(0, available - fixed) // per_trial if trial_bytes else trials
-    untimed_fits = available // per_trial if trial_bytes else trials
+    fits = max(0, available - fixed) // per_trial  # need > available >= 0, so per_trial > 0
+    untimed_fits = available // per_trial
     remedies = []
     if fits:
         remedies.append(_trials(fits))

@@ -13,11 +13,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_kcoral import host_memory
 from pytest_kcoral.cases import KERNELBENCH
 from pytest_kcoral.context import ItemContext, ItemSpec, StageFailed
 from pytest_kcoral.failures import case_call
-from pytest_kcoral.host_memory import HOST_MEMORY_SHORT, tensor_bytes
+from pytest_kcoral.host_memory import HOST_MEMORY_SHORT, tensor_bytes, total_bytes
 from pytest_kcoral.messages import Cost, Reference, Run, RunInputs, ToleranceSpec
 from pytest_kcoral.results import CASE_FAILED_PREFIX, ItemResult
 from pytest_kcoral.transport import Processes
@@ -70,9 +69,8 @@ class ReferenceCache:
     host's memory (the latest always kept)."""
 
     def __init__(self) -> None:
-        self._references: OrderedDict[tuple[Any, ...], ReferenceData] = OrderedDict()
-        self._bytes: dict[tuple[Any, ...], int] = {}
-        total = host_memory.total_bytes()
+        self._references: OrderedDict[tuple[Any, ...], tuple[ReferenceData, int]] = OrderedDict()  # with its bytes
+        total = total_bytes()
         self.max_bytes = int(total * REFERENCE_CACHE_SHARE) if total is not None else REFERENCE_CACHE_BYTES_UNKNOWN_HOST
         self._too_large: dict[tuple[Any, ...], StageFailed] = {}  # shapes refused for the host's memory
         self._costs: dict[tuple[Any, ...], FloorAndCost] = {}
@@ -86,7 +84,7 @@ class ReferenceCache:
         cached = self._references.get(key)
         if cached is not None:
             self._references.move_to_end(key)
-            return cached
+            return cached[0]
         refused = self._too_large.get(key)
         if refused is not None:  # a fresh exception: one raised again would keep every item's traceback
             raise StageFailed(refused.stage, refused.message, refused.phase, case_failed=True)
@@ -97,10 +95,9 @@ class ReferenceCache:
             if failure.case_failed and HOST_MEMORY_SHORT in failure.message:
                 self._too_large[key] = failure
             raise
-        self._references[key], self._bytes[key] = data, reference_bytes(data)
-        while len(self._references) > 1 and sum(self._bytes.values()) > self.max_bytes:
-            oldest, _ = self._references.popitem(last=False)
-            del self._bytes[oldest]
+        self._references[key] = data, reference_bytes(data)
+        while len(self._references) > 1 and sum(nbytes for _, nbytes in self._references.values()) > self.max_bytes:
+            self._references.popitem(last=False)
         return data
 
     def floor_and_cost(self, ctx: ItemContext, processes: Processes) -> FloorAndCost:
