@@ -25,10 +25,10 @@ def _start_as_baseline(self: isolation.Child, role: str, *args: Any, **kwargs: A
     _start(self, BASELINE if role == CANDIDATE else role, *args, **kwargs)
 
 
-def _load_the_baseline(self: isolation.Child, command: Any, phase: str, reply_limit_bytes: int | None = None) -> Any:
+def _load_the_baseline(self: isolation.Child, command: Any, phase: str, *args: Any, **kwargs: Any) -> Any:
     if isinstance(command, LoadCandidate):
         command = LoadBaseline()
-    return _call(self, command, phase, reply_limit_bytes)
+    return _call(self, command, phase, *args, **kwargs)
 
 
 def pytest_configure(config: Any) -> None:

@@ -29,9 +29,9 @@ _rounds: dict[str, list[dict[str, float]]] = defaultdict(list)
 _last_end = [math.nan]  # when the session's previous command's reply came, whichever child's
 
 
-def _timed_call(self: isolation.Child, command: Any, phase: str, reply_limit_bytes: int | None = None) -> Any:
+def _timed_call(self: isolation.Child, command: Any, phase: str, *args: Any, **kwargs: Any) -> Any:
     started = time.perf_counter()
-    reply = _call(self, command, phase, reply_limit_bytes)
+    reply = _call(self, command, phase, *args, **kwargs)
     ended = time.perf_counter()
     previous, _last_end[0] = _last_end[0], ended
     if isinstance(command, Time):

@@ -79,7 +79,7 @@ def probe(device: str, rounds: int = 12) -> str:
     from pytest_kcoral import timing
     from pytest_kcoral.case_runtime import CaseRuntime
     from pytest_kcoral.cases import NATIVE
-    from pytest_kcoral.child_timing import new_timing_sets, time_round
+    from pytest_kcoral.child_timing import new_own_sets, time_round
     from pytest_kcoral.messages import Time
 
     kind = "cuda" if device.startswith("cuda") else "cpu"
@@ -87,7 +87,7 @@ def probe(device: str, rounds: int = 12) -> str:
     reference = case.module.reference
     rng = random.Random(1)
     command = Time(shape=SHAPE, device=device, budget_s=1 / 32, timer=None, verify=1, written_inputs=[], warmup_s=0.0)
-    held = new_timing_sets(case, command, device, rng, lambda _s, values: (lambda: reference(*values)))
+    held = new_own_sets(case, command, device, rng, lambda _s, values: (lambda: reference(*values)))
     time_round(held, case, command, device, rng)
     lines = [f"torch threads {torch.get_num_threads()}, cores {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}"]
     from pytest_kcoral.timing import cupti_timer

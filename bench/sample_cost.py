@@ -52,7 +52,7 @@ def main() -> None:
     from pytest_kcoral.case_runtime import CaseRuntime
     from pytest_kcoral.cases import NATIVE
     from pytest_kcoral.child_outputs import inspect_outputs, leaves
-    from pytest_kcoral.child_timing import new_timing_sets, time_round
+    from pytest_kcoral.child_timing import new_own_sets, time_round
     from pytest_kcoral.messages import Time
     from pytest_kcoral.timing.l2 import L2Flusher, PersistingL2Reset
 
@@ -73,7 +73,7 @@ def main() -> None:
         pinning.reserve([0])
         core = pinning.choose(0)
     command = Time(shape=shape, device=device, budget_s=1 / 32, timer=None, verify=1, written_inputs=[], warmup_s=0.0, cpu=core)
-    held = new_timing_sets(case, command, device, rng, bind)
+    held = new_own_sets(case, command, device, rng, bind)
     time_round(held, case, Time(shape=shape, device=device, budget_s=0.05, timer=None, verify=1, written_inputs=[]), device, rng)
 
     print(f"device {device}, case {args.case} {shape}, {len(held.sets)} input sets, timing core {core}")

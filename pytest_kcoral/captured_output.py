@@ -12,7 +12,10 @@ that prints gigabytes costs a read per 64 KiB, never memory or disk. What is kep
 from __future__ import annotations
 
 import codecs
+import os
+import re
 import sys
+import sysconfig
 import threading
 from typing import Any
 
@@ -126,3 +129,32 @@ class LiveWriter:
                 target.flush()
         except (OSError, ValueError, AttributeError):  # a closed or replaced stream: the tail still has it
             pass
+
+# -- where a child was at its deadline: the stacks it printed then (``child.serve``) ---------------
+
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# Frames of the harness and of Python's and the packages' own code: not where a kernel author looks.
+_NOT_THEIRS = (_HARNESS_DIR, *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
+               "<")  # "<frozen ...>", and the template's "<string>"
+
+
+STACK_DUMP_START = "Timeout ("  # faulthandler's first line
+
+
+def stack_at_timeout(output: str) -> tuple[str, str]:
+    """Where a timed-out child was, from the stacks ``faulthandler`` printed just before the
+    deadline: `` at FILE:LINE in FUNC`` for the innermost frame of the candidate's or the case's
+    code (empty when there is none), and the output with the dump cut down to those frames."""
+    start = output.rfind(STACK_DUMP_START)
+    if start < 0:
+        return "", output
+    frames = [m for m in (_DUMP_FRAME.match(line) for line in output[start:].splitlines()) if m]
+    theirs = [m for m in frames if not m["file"].startswith(_NOT_THEIRS)]
+    kept = output[:start].rstrip("\n")
+    if not theirs:
+        return "", kept
+    stack = "\n".join(f"  {m['file']}:{m['line']} in {m['func']}" for m in theirs[:6])
+    top = theirs[0]
+    where = f" at {os.path.basename(top['file'])}:{top['line']} in {top['func']}"
+    return where, (kept + "\n" if kept else "") + f"stack at the timeout, innermost first (harness and library frames left out):\n{stack}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import multiprocessing.connection
 import os
 import subprocess
 import sys
@@ -25,13 +26,21 @@ from typing import Any
 
 from pytest_kcoral import child_trusted, confine, correctness, leftovers, protocol, tamper, timing
 from pytest_kcoral.case_runtime import BaselineRuntime, CandidateError, CandidateRuntime, CaseRuntime
+from pytest_kcoral.child_feeder import Feeder
 from pytest_kcoral.child_outputs import aliases, clone_values, flatten_outputs, inspect_outputs, keep_large_allocations_on_heap, poison, synchronize, to_cpu
-from pytest_kcoral.child_timing import TimingSets, new_timing_sets, sets_key, time_round
+from pytest_kcoral.child_timing import FedSets, OwnSets, new_own_sets, sets_key, time_round
+from pytest_kcoral.feed import FeedChannel
 from pytest_kcoral.messages import (
+    Attached,
+    AttachFeed,
     Check,
     Command,
     Cost,
     ErrorInfo,
+    Feeding,
+    FeedPeer,
+    FeedReport,
+    FeedReportReply,
     Finish,
     Finished,
     LoadBaseline,
@@ -234,12 +243,18 @@ class _Runner:
         # what the harness itself runs and relies on, taken before any candidate code loads
         self.baseline: leftovers.Baseline | None = None
         self.snapshot: tamper.Snapshot | None = None
-        self._timing_sets: TimingSets | None = None  # the item's timing input sets (``child_timing``)
+        self._timing_sets: OwnSets | FedSets | None = None  # the item's timing input sets (``child_timing``)
+        self._feed: FeedChannel | None = None  # a fed child's: its socket to the trusted child (``AttachFeed``)
+        self.feeders: dict[str, Feeder] = {}  # the trusted child's: the children it feeds, by role (``FeedPeer``)
+        self._fds: list[int] = []  # the descriptors that came with the command being served
 
     def serve(self, conn: Connection) -> None:
         while True:
+            if self._serve_feeders(conn):
+                continue
             try:
                 header, payload = protocol.recv(conn)
+                fds = protocol.recv_fds(conn, header["fds"]) if header.get("fds") else []
             except EOFError:
                 return
             if header.get("cmd") == "exit":
@@ -252,28 +267,50 @@ class _Runner:
             if isinstance(dump_after_s, (int, float)) and dump_after_s > 0:
                 faulthandler.dump_traceback_later(dump_after_s, repeat=False, file=sys.stderr, exit=False)
             try:
-                reply, reply_payload = self.handle(header, payload)
+                reply, reply_payload = self.handle(header, payload, fds)
             finally:
                 faulthandler.cancel_dump_traceback_later()
             _flush_std_streams()  # what the command printed is in the pipes before its reply
             protocol.send(conn, dict(reply, **echo), reply_payload)
 
-    def handle(self, header: dict[str, Any], payload: Any) -> tuple[dict[str, Any], Any]:
+    def _serve_feeders(self, conn: Connection) -> bool:
+        """The trusted child: wait for the parent's next command or a fed child's request, and
+        answer the requests that came. True when no command came meanwhile."""
+        feeders = [f for f in self.feeders.values() if f.open]
+        if not feeders:
+            return False
+        by_fd = {feeder.fileno(): feeder for feeder in feeders}
+        ready = multiprocessing.connection.wait([conn, *by_fd])
+        for fd in ready:
+            feeder = by_fd.get(fd) if isinstance(fd, int) else None
+            if feeder is not None:
+                self._use_device(feeder.config.device)
+                feeder.serve_one()
+        return conn not in ready
+
+    def handle(self, header: dict[str, Any], payload: Any, fds: list[int] | None = None) -> tuple[dict[str, Any], Any]:
         """Run one command and audit afterwards: the reply (``ok`` true or false) and its payload.
+        ``fds``: the file descriptors that came with it (a feed's socket).
 
         Shared by the pipe loop above and the KCoral runner (``remote_runner.py``)."""
+        self._fds = list(fds or [])
         try:
-            command = parse_command(header, payload)
-        except MessageError as exc:
-            return _failed(ErrorInfo(type="ProtocolError", message=str(exc))), None
-        try:
-            device = getattr(command, "device", None)
-            if device:
-                self._use_device(device)
-            reply = self._serve(command)
-            detected = self._audit()
-        except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
-            return _error_reply(exc), None
+            try:
+                command = parse_command(header, payload)
+            except MessageError as exc:
+                return _failed(ErrorInfo(type="ProtocolError", message=str(exc))), None
+            try:
+                device = getattr(command, "device", None)
+                if device:
+                    self._use_device(device)
+                reply = self._serve(command)
+                detected = self._audit()
+            except BaseException as exc:  # noqa: BLE001 - SystemExit from candidate code included
+                return _error_reply(exc), None
+        finally:
+            for fd in self._fds:  # those no command took
+                os.close(fd)
+            self._fds = []
         if detected:
             return _failed(ErrorInfo(type="Detected", message="; ".join(detected), detected=True)), None
         reply_header, reply_payload = reply.to_wire()
@@ -281,13 +318,19 @@ class _Runner:
 
     def _serve(self, command: Command[Any]) -> Message:
         """The command's reply, from the role's handler (a command of another role raises)."""
-        if isinstance(command, (Reference, Check, Cost)):
+        if isinstance(command, (Reference, Check, Cost, FeedPeer, FeedReport)):
             self._require(TRUSTED)
             if isinstance(command, Reference):
                 return child_trusted.reference(self.case, command)
             if isinstance(command, Check):
                 return child_trusted.check(self.case, command)
+            if isinstance(command, FeedPeer):
+                return self._feed_peer(command)
+            if isinstance(command, FeedReport):
+                return self._feed_report(command)
             return child_trusted.cost(self.case, command, self.device)
+        if isinstance(command, AttachFeed):
+            return self._attach_feed()
         if isinstance(command, LoadCandidate):
             return self._load_candidate(command)
         if isinstance(command, LoadBaseline):
@@ -310,6 +353,46 @@ class _Runner:
             shown = ", ".join(patched[:6]) + (f" and {len(patched) - 6} more" if len(patched) > 6 else "")
             problems.append(f"replaced functions the harness relies on (timers, synchronization, comparison or the harness itself): {shown}")
         return problems
+
+    def _take_fd(self) -> int:
+        if len(self._fds) != 1:
+            raise RuntimeError(f"this command takes one file descriptor, {len(self._fds)} came with it")
+        return self._fds.pop()
+
+    # -- the feed (``feed.py``) -----------------------------------------------------------------
+
+    def _feed_peer(self, command: FeedPeer) -> Feeding:
+        """Feed a child for an item, over the socket that came with the command."""
+        old = self.feeders.pop(command.peer, None)
+        if old is not None:
+            old.close()
+        self.feeders[command.peer] = Feeder(self.case, FeedChannel.from_fd(self._take_fd()), command, _rng)
+        return Feeding()
+
+    def _feed_report(self, command: FeedReport) -> FeedReportReply:
+        feeder = self.feeders.get(command.peer)
+        if feeder is None:  # never attached: its side failed before
+            return FeedReportReply(rounds=[])
+        reply = FeedReportReply(rounds=feeder.report(command.final), error=feeder.error)
+        if command.final:
+            del self.feeders[command.peer]
+        return reply
+
+    def _attach_feed(self) -> Attached:
+        """The item's feed from the trusted child: the timing sets of an earlier feed go."""
+        self._require(CANDIDATE, BASELINE)
+        self._drop_timing_sets()
+        if self._feed is not None:
+            self._feed.close()
+        self._feed = FeedChannel.from_fd(self._take_fd())
+        if self.baseline is not None:
+            self.baseline.allow_socket(self._feed.fileno())
+        return Attached()
+
+    def _drop_timing_sets(self) -> None:
+        if isinstance(self._timing_sets, FedSets):
+            self._timing_sets.close()
+        self._timing_sets = None
 
     def _use_device(self, device: str) -> None:
         """The lease picks the device after compile, so a child learns it with its first GPU command."""
@@ -363,7 +446,10 @@ class _Runner:
         command. The item's timing sets go: a kept child (the case's baseline child, a candidate's
         child kept for its next item) then draws new sets and placements for its next item, and
         holds no device memory and no queued work while it waits."""
-        self._timing_sets = None
+        self._drop_timing_sets()
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
         if str(self.device).startswith("cuda"):
             import torch  # as in ``__init__``
 
@@ -377,7 +463,7 @@ class _Runner:
         import torch  # as in ``__init__``
 
         candidate = self._loaded()
-        self._timing_sets = None  # an item's timing draws its own sets (see ``_finish``)
+        self._drop_timing_sets()  # an item's timing draws its own sets (see ``_finish``)
         shape, device = command.shape, self.device
         written_inputs = command.written_inputs
         allowed_aliases = {(int(i), int(j)) for i, j in command.allowed_aliases}
@@ -412,7 +498,12 @@ class _Runner:
         candidate's are, and not sent: nothing checks them."""
         self._require(CANDIDATE, BASELINE)
         candidate = self._loaded()
-        if self._timing_sets is None or self._timing_sets.key != sets_key(command, self.device):
-            self._timing_sets = None  # the old shape's sets go before the new ones are made
-            self._timing_sets = new_timing_sets(self.case, command, self.device, _rng, candidate.bind)
+        if self._timing_sets is None or self._timing_sets.key != sets_key(command, self.device) or command.fed != isinstance(self._timing_sets, FedSets):
+            self._drop_timing_sets()  # the old shape's sets go before the new ones are made
+            if command.fed:
+                if self._feed is None:
+                    raise RuntimeError("a fed time command before attach_feed")
+                self._timing_sets = FedSets(self._feed, command, self.device, candidate.bind)
+            else:
+                self._timing_sets = new_own_sets(self.case, command, self.device, _rng, candidate.bind)
         return time_round(self._timing_sets, self.case, command, self.device, _rng)

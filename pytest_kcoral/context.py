@@ -104,13 +104,16 @@ class Plan:
     # a crash or a timeout is the stage of the phase it happened in: replies are replayed after the
     # whole program ran, so the call that sees it may belong to an earlier stage
     stage_by_phase: bool = False
+    # the trusted child feeds each timed call's inputs and judges its outputs (``feed.py``): the
+    # processes share this host's memory; False: each side makes its own and keeps a few outputs
+    fed: bool = True
 
 
 LOCAL = Plan()
 # one pair of programs, the candidate's first: a program's commands are fixed before it is sent,
 # the candidate's runs whole before the baseline's is sent, and further pairs would be further
-# programs (not done)
-REMOTE = Plan(rounds=1, candidate_first=True, max_process_pairs=1, pin_timing_core=False, stage_by_phase=True)
+# programs (not done); two programs share no memory, so no feed
+REMOTE = Plan(rounds=1, candidate_first=True, max_process_pairs=1, pin_timing_core=False, stage_by_phase=True, fed=False)
 
 
 @dataclass

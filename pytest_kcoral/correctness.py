@@ -247,6 +247,53 @@ def _all_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -
     return bool(torch.isclose(out.detach().to(work), ref.detach().to(work), rtol=rtol, atol=atol, equal_nan=True).all())
 
 
+def mismatch_tally(outputs: Sequence[Any], reference: Sequence[Any], tol: Tolerance, names: Sequence[str] | None = None,
+                   inputs_before: Sequence[Any] = (), inputs_after: Sequence[Any] = (),
+                   may_change: Sequence[int] = ()) -> tuple[list[str], Any] | None:
+    """``compare_outputs`` and ``changed_inputs`` without waiting for the device: per output, the
+    elements outside the tolerance, and per input outside ``may_change``, the bytes that changed,
+    counted where the tensors are and read later (the trusted child reads a round's at its end).
+
+    Returns the messages, each with a ``{}`` for its count, and the counts (one int64 tensor on
+    the device, or None when there is nothing to count); a message stands once its count is not
+    zero. None when the kinds differ (dtype, shape, a plain value), or the rules need more than
+    one pass (the strict tolerance, a complex output): then ``compare_outputs`` decides at once."""
+    import torch
+
+    if tol.strict or len(outputs) != len(reference):
+        return None
+    labels: list[str] = []
+    counts = []
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        name = names[i] if names is not None else f"output {i}"
+        if not isinstance(ref, torch.Tensor):
+            if type(out) is not type(ref) or _compare_plain(name, out, ref, tol):
+                return None
+            continue
+        if not isinstance(out, torch.Tensor) or out.dtype != ref.dtype or out.shape != ref.shape or ref.is_complex():
+            return None
+        if out.numel() == 0:
+            continue
+        if ref.dtype == torch.bool or not ref.is_floating_point():
+            counts.append((out != ref).sum())
+            labels.append(f"{name}: {{}} of {ref.numel()} elements differ (exact match required for {ref.dtype})")
+        else:
+            atol, rtol = tol.for_dtype(ref.dtype)
+            work = torch.float64 if ref.dtype == torch.float64 else torch.float32
+            close = torch.isclose(out.detach().to(work), ref.detach().to(work), rtol=rtol, atol=atol, equal_nan=True)
+            counts.append(close.numel() - close.sum())
+            labels.append(f"{name}: {{}} of {ref.numel()} elements outside atol {atol:g} + rtol {rtol:g} x |ref|")
+    for j, (before, after) in enumerate(zip(inputs_before, inputs_after)):
+        if j in may_change or not isinstance(before, torch.Tensor):
+            continue
+        if not isinstance(after, torch.Tensor) or after.shape != before.shape or after.dtype != before.dtype:
+            return None
+        if before.numel():
+            counts.append((_bits(after) != _bits(before)).sum())
+            labels.append(f"input {j} was modified ({{}} bytes changed); only inputs listed in INPLACE may be written")
+    return labels, torch.stack([c.to(torch.int64) for c in counts]) if counts else None
+
+
 def changed_inputs(before: Sequence[Any], after: Sequence[Any]) -> list[list[Any]]:
     """``[input index, bytes changed or None when replaced or reshaped]`` for each input a call
     changed; runs where the inputs are (the candidate's child, on the device), on its own copies."""

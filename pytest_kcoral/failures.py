@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pytest_kcoral.context import ItemContext, ItemSkipped, ServiceUnavailable, StageFailed
 from pytest_kcoral.isolation import ChildFailure
 from pytest_kcoral.messages import Command, R
@@ -20,17 +22,17 @@ from pytest_kcoral.transport import Processes, Transport
 # stages ran (``Plan.stage_by_phase``: a KCoral program's replies are replayed in stage order).
 STAGE_OF_PHASE = {"startup": "compile", "import": "compile", "correctness": "correctness", "timing": "timing"}
 # Phases of the case's processes that belong to the timing stage; the others to correctness.
-CASE_TIMING_PHASES = ("baseline", "cost", "verify")
+CASE_TIMING_PHASES = ("baseline", "cost", "verify", "feed")
 TRACEBACK_LINES = 16  # of the candidate's and the case's frames
 OUTPUT_LINES = 12  # of what the process printed last
 SCREEN_LINES = 12  # problems listed before "... and N more"
 
 
 def candidate_call(ctx: ItemContext, process: Transport, command: Command[R], phase: str, stage: str,
-                   reply_limit_bytes: int | None = None) -> R:
+                   reply_limit_bytes: int | None = None, fds: Sequence[int] = ()) -> R:
     """``command``'s reply from the candidate's process; its failure fails ``stage``."""
     try:
-        return process.call(command, phase, reply_limit_bytes)
+        return process.call(command, phase, reply_limit_bytes, fds)
     except ChildFailure as failure:
         raise candidate_failure(ctx, stage, failure) from None
 
@@ -53,13 +55,14 @@ def candidate_failure(ctx: ItemContext, stage: str, failure: ChildFailure) -> Ex
     return StageFailed(stage, describe_child_failure(failure), failure.phase, disqualifies=stage == "timing" and failure.kind != "timeout")
 
 
-def case_call(ctx: ItemContext, processes: Processes, command: Command[R], phase: str, process: Transport | None = None) -> R:
+def case_call(ctx: ItemContext, processes: Processes, command: Command[R], phase: str, process: Transport | None = None,
+              fds: Sequence[int] = ()) -> R:
     """``command``'s reply from a process of the case (``process``, or the trusted one): its
     failure is the case's, not the candidate's, and the process is never used again."""
     try:
         if process is None:
             process = processes.trusted()  # starting it can fail too (a case that crashes or hangs at import)
-        return process.call(command, phase)
+        return process.call(command, phase, None, fds)
     except ChildFailure as failure:
         if process is not None:
             processes.forget(process)

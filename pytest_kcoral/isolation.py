@@ -19,17 +19,16 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
-import re
 import secrets
 import selectors
 import shutil
 import signal
 import struct
-import sysconfig
 import tempfile
 import termios
 import threading
 import time
+from collections.abc import Sequence
 from multiprocessing import context as mp_context
 from multiprocessing import popen_forkserver, spawn
 from multiprocessing.connection import Connection
@@ -225,33 +224,6 @@ def _kill_orphans() -> list[int]:
 
 # A command still running this long before the item's deadline prints its stacks (``child.serve``).
 STACK_DUMP_LEAD_S = 1.0
-_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-# Frames of the harness and of Python's and the packages' own code: not where a kernel author looks.
-_NOT_THEIRS = (os.path.dirname(os.path.abspath(__file__)), *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
-               "<")  # "<frozen ...>", and the template's "<string>"
-
-
-_STACK_DUMP_START = "Timeout ("  # faulthandler's first line
-
-
-def stack_at_timeout(output: str) -> tuple[str, str]:
-    """Where a timed-out child was, from the stacks ``faulthandler`` printed just before the
-    deadline: `` at FILE:LINE in FUNC`` for the innermost frame of the candidate's or the case's
-    code (empty when there is none), and the output with the dump cut down to those frames."""
-    start = output.rfind(_STACK_DUMP_START)
-    if start < 0:
-        return "", output
-    frames = [m for m in (_DUMP_FRAME.match(line) for line in output[start:].splitlines()) if m]
-    theirs = [m for m in frames if not m["file"].startswith(_NOT_THEIRS)]
-    kept = output[:start].rstrip("\n")
-    if not theirs:
-        return "", kept
-    stack = "\n".join(f"  {m['file']}:{m['line']} in {m['func']}" for m in theirs[:6])
-    top = theirs[0]
-    where = f" at {os.path.basename(top['file'])}:{top['line']} in {top['func']}"
-    return where, (kept + "\n" if kept else "") + f"stack at the timeout, innermost first (harness and library frames left out):\n{stack}"
-
-
 class ChildFailure(Exception):
     """A child did not complete a command: it raised, crashed, exited, hung or lied on the wire."""
 
@@ -411,9 +383,10 @@ class Child:
             raise
         self.startup_s = time.perf_counter() - self.started_at
 
-    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None) -> R:
+    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None, fds: Sequence[int] = ()) -> R:
         """Send a command and return its reply; raise ``ChildFailure`` if it does not come back.
-        ``reply_limit_bytes``: the most tensor bytes the reply may carry (an untrusted child's)."""
+        ``reply_limit_bytes``: the most tensor bytes the reply may carry (an untrusted child's);
+        ``fds``: file descriptors the command hands over (a feed's socket; the caller closes its own)."""
         self.phase = phase
         self._seq += 1
         self._nonce = secrets.randbits(63)
@@ -421,7 +394,10 @@ class Child:
         started = time.perf_counter()
         try:
             dump_after_s = self.deadline - time.monotonic() - STACK_DUMP_LEAD_S
-            protocol.send(self.conn, dict(header, seq=self._seq, nonce=self._nonce, stack_dump_after_s=dump_after_s), payload)
+            envelope = dict(header, seq=self._seq, nonce=self._nonce, stack_dump_after_s=dump_after_s)
+            protocol.send(self.conn, dict(envelope, fds=len(fds)) if fds else envelope, payload)
+            if fds:
+                protocol.send_fds(self.conn, list(fds))
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             self._raise_died()
         try:
@@ -454,7 +430,7 @@ class Child:
         if not ready:
             self.kill()
             self.timed_out = True
-            where, output = stack_at_timeout(self.output())
+            where, output = captured_output.stack_at_timeout(self.output())
             raise ChildFailure("timeout", self.phase, f"timed out in phase '{self.phase}' (item timeout reached){where}", output)
         if self.conn not in ready and not self.conn.poll(0):
             self._raise_died()
@@ -551,7 +527,7 @@ class Child:
         self.drain.settle()
         tail = captured_output.record(self.drain.restart())
         if tail is not None and self.timed_out:
-            tail = captured_output.cut_from(tail, "stderr", _STACK_DUMP_START)
+            tail = captured_output.cut_from(tail, "stderr", captured_output.STACK_DUMP_START)
         return tail
 
     def kill(self) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -304,7 +304,9 @@ class ReplayedChild:
         """The program's ``start`` instruction: the runner built, as a child's first word is."""
         return self._reply(START, phase, lambda header, _payload: Started.from_wire(header))
 
-    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None) -> R:
+    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None, fds: Sequence[int] = ()) -> R:
+        if fds:
+            raise ValueError("a KCoral program takes no file descriptors: a feed is for local children")
         if command.op == LoadCandidate.op and self._gate_passed(command.op):
             # KCoral drops every reply of a program whose worker died, also those that came
             # before; a later command ran the candidate, so this gate had passed

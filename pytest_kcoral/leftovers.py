@@ -282,6 +282,13 @@ class Baseline:
     def take(cls) -> Baseline:
         return cls({t.ident for t in threading.enumerate() if t.ident is not None}, _socket_inodes())
 
+    def allow_socket(self, fd: int) -> None:
+        """A socket the harness opened after the baseline was taken (the item's feed): not the candidate's."""
+        try:
+            self.sockets.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+
     def find(self, grace_s: float = THREAD_GRACE_S) -> list[str]:
         """Sentences naming each thread, process and socket left behind since the baseline that
         works: an idle one (a library's monitor, a pool of compile workers) is watched instead.

@@ -32,7 +32,7 @@ M = TypeVar("M", bound="Message")
 
 # Keys the channel adds around a message (``isolation.Child.call``, ``protocol.send``, the child's
 # echo): not the message's own.
-ENVELOPE_KEYS = frozenset({"cmd", "ok", "seq", "nonce", "payload", "stack_dump_after_s"})
+ENVELOPE_KEYS = frozenset({"cmd", "ok", "seq", "nonce", "payload", "stack_dump_after_s", "fds"})
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,23 @@ class Time(Command[TimeReply]):
     warmup_s: float = 0.05  # warm-up by time before the round's first timed call
     min_samples: int = 5
     send_kept: bool = True  # False: keep timed outputs as the candidate does, and drop them unsent
+    # the trusted child feeds the inputs and judges the outputs (``feed.py``, after ``AttachFeed``);
+    # False: the child makes its own inputs and keeps ``verify`` outputs for the parent (a KCoral program)
+    fed: bool = False
+
+
+@dataclass(frozen=True)
+class Attached(Message):
+    pass
+
+
+@dataclass(frozen=True)
+class AttachFeed(Command[Attached]):
+    """The item's feed (one file descriptor beside the command): the trusted child's socket, over
+    which a fed ``time`` command gets its inputs (``feed.py``)."""
+
+    op: ClassVar[str] = "attach_feed"
+    reply: ClassVar[type[Message]] = Attached
 
 
 @dataclass(frozen=True)
@@ -295,6 +312,58 @@ class Check(Command[CheckReply]):
 
 
 @dataclass(frozen=True)
+class Feeding(Message):
+    pass
+
+
+@dataclass(frozen=True)
+class FeedPeer(Command[Feeding]):
+    """Feed a child for an item (its socket: one file descriptor beside the command): make its timed
+    calls' inputs, judge their outputs (``child_feeder.Feeder``)."""
+
+    op: ClassVar[str] = "feed_peer"
+    reply: ClassVar[type[Message]] = Feeding
+    peer: str  # "candidate" or "baseline": ``FeedReport`` asks by it
+    shape: Shape
+    device: str
+    tolerance: ToleranceSpec
+    inplace: list[int]  # the case's INPLACE inputs
+    written_inputs: list[int]  # the INPLACE inputs the reference writes: results, compared as outputs are
+    may_write: list[int]  # the inputs a call may change (INPLACE, and output buffers the reference returns)
+    checker: bool = False  # the case judges outputs itself (GPU MODE's check_implementation)
+    # what the outputs must match: the reference, or for the baseline's own child the baseline
+    # itself (one that disagrees with the reference is timed all the same, and judged by its own answers)
+    against: Literal["reference", "baseline"] = "reference"
+
+
+@dataclass(frozen=True)
+class FeedRound(Message):
+    """What the trusted child saw of one timing round of a fed child."""
+
+    calls: int  # timed calls it made inputs for
+    checked: int  # of them, those whose outputs' values it checked
+    problems: list[str]  # the first problems found, each naming its timed call
+    turn_median_us: float | None  # a call's turn by the trusted child's clock: from its answer to the next request
+    closed: str = ""  # why the feed broke (the fed child's doing), or ""
+
+
+@dataclass(frozen=True)
+class FeedReportReply(Message):
+    rounds: list[FeedRound]
+    error: str = ""  # the case failed while feeding (its make_inputs or reference raised)
+
+
+@dataclass(frozen=True)
+class FeedReport(Command[FeedReportReply]):
+    """The rounds a fed child timed since the last report; ``final``: the feed is done."""
+
+    op: ClassVar[str] = "feed_report"
+    reply: ClassVar[type[Message]] = FeedReportReply
+    peer: str
+    final: bool = False
+
+
+@dataclass(frozen=True)
 class CostReply(Message):
     cost: dict[str, float] | None  # ``cost(shape)``, validated (``speed_of_light.valid_cost``)
     floor: dict[str, Any] | None = None  # the physical floor (``physical_floor.measure``)
@@ -310,7 +379,8 @@ class Cost(Command[CostReply]):
     device: str
 
 
-COMMANDS: dict[str, type[Command[Any]]] = {c.op: c for c in (LoadCandidate, LoadBaseline, Run, Time, Finish, Reference, Check, Cost)}
+COMMANDS: dict[str, type[Command[Any]]] = {c.op: c for c in (LoadCandidate, LoadBaseline, Run, Time, AttachFeed, Finish, Reference, Check,
+                                                                FeedPeer, FeedReport, Cost)}
 
 
 def parse_command(header: Mapping[str, Any], payload: Any) -> Command[Any]:

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import select
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -47,6 +48,27 @@ def send(conn: Connection, header: dict[str, Any], payload: Any = None) -> None:
         conn.send_bytes(json.dumps(skeleton).encode())
         for t in tensors:
             conn.send_bytes(_byte_view(t))
+
+
+def send_fds(conn: Connection, fds: list[int]) -> None:
+    """File descriptors after a message whose header says how many (``fds``): one marker byte
+    carrying them (``SCM_RIGHTS``). The receiver has read the message's frames, and no more."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        socket.send_fds(sock, [b"F"], fds)
+
+
+def recv_fds(conn: Connection, count: int, deadline: float | None = None) -> list[int]:
+    """The ``count`` descriptors ``send_fds`` sent after the message just read."""
+    if not 0 < count <= 4:
+        raise ProtocolError(f"a message announces {count!r} file descriptors")
+    _FrameReader(conn.fileno(), deadline)._wait_readable()
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        marker, fds, _, _ = socket.recv_fds(sock, 1, count)
+    if marker != b"F" or len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError(f"expected {count} file descriptors after the message, got {len(fds)}")
+    return list(fds)
 
 
 def recv(conn: Connection, deadline: float | None = None, *, check_header: Callable[[dict[str, Any]], None] | None = None,

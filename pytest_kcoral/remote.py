@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_kcoral.cases import Case
@@ -184,7 +185,9 @@ class RemoteTrusted:
         self.executor = executor
         self.ctx = ctx
 
-    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None) -> R:
+    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None, fds: Sequence[int] = ()) -> R:
+        if fds:
+            raise ValueError("a KCoral program takes no file descriptors: a feed is for local children")
         replay = self.executor._program(self.ctx, "trusted", [(command, phase)])
         replay.start("startup")
         return replay.call(command, phase)

@@ -86,6 +86,9 @@ class ItemExtra:
     template_killed: bool | None = None  # the process children are forked from died while the item ran
     service_unavailable: bool | None = None  # the ``--kcoral-url`` service stopped answering: not graded
     remote: dict[str, Any] | None = None  # the KCoral service and programs that ran the item
+    # the timed calls the trusted child fed (``calls``) and, of them, those whose outputs it checked
+    # (``checked``), per side (``stage_timing.judge_feeds``)
+    timed_outputs: dict[str, dict[str, int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

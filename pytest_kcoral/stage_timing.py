@@ -17,20 +17,34 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 import random
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from pytest_kcoral import checker, combine, correctness, speed_of_light, speedup_interval
+from pytest_kcoral import checker, combine, correctness, feed, speed_of_light, speedup_interval
 from pytest_kcoral.context import ItemContext, StageFailed, timed_phase
 from pytest_kcoral.failures import candidate_call, case_call, one_screen
 from pytest_kcoral.host_memory import tensor_bytes
-from pytest_kcoral.messages import Check, CheckReply, Finish, Reference, Time, TimedOutput
+from pytest_kcoral.messages import (
+    AttachFeed,
+    Check,
+    CheckReply,
+    FeedPeer,
+    FeedReport,
+    FeedRound,
+    Finish,
+    Reference,
+    Time,
+    TimedOutput,
+    ToleranceSpec,
+)
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS
-from pytest_kcoral.results import TimingStats
+from pytest_kcoral.results import CASE_FAILED_PREFIX, TimingStats
 from pytest_kcoral.stage_correctness import baseline_goes_the_candidates_way, check_correctness
 from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData, reply_limit, result_bytes, untimed_reason
+from pytest_kcoral.timing.per_call import CPU_ABOVE_WALL_FLAG
 from pytest_kcoral.timing_flags import Flag, flag, has
 from pytest_kcoral.transport import Processes, Transport
 
@@ -93,7 +107,7 @@ def time_item(ctx: ItemContext, candidate: Transport, baseline: Transport | Stag
     # timed calls and a small kernel's time follows where its outputs land.
     timed_alike = dataclasses.replace(time_command(ctx, ref), cpu=cpu)
     first_sides = first_sides_of(ctx)
-    pairs = [time_pair(ctx, candidate, baseline, ref, processes, timed_alike, next(first_sides))]
+    pairs = [timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, next(first_sides))]
     # A launch-bound chain runs at the speed of the process it runs in, and a process can sit at a
     # slower level than another's for seconds (docs/performance.md, "host-set items in three pairs
     # of processes"): an item the host's speed sets is timed again in fresh pairs of processes, and
@@ -104,11 +118,12 @@ def time_item(ctx: ItemContext, candidate: Transport, baseline: Transport | Stag
     baseline_stats, candidate_stats = record_figures(ctx, pairs, ref)
     # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
     result.speed_of_light = speed_of_light.report(cost, (floor or {}).get("spec_bytes_per_s"), result.t_baseline_us, result.t_candidate_us)
-    checked = timed_outputs_to_check([r for pair in pairs for r in pair.candidate], [v for pair in pairs for v in pair.verify],
-                                     combine.kept_rounds(pairs, "candidate"), random.Random(ctx.seed(ctx.spec.nodeid, "verify")),
-                                     verified_timed_calls(item_bytes(ref)))
-    with timed_phase(result, "verify"):
-        verify_timed_outputs(ctx, checked, ref, processes)
+    if not timed_alike.fed:  # the trusted child judged every fed call's outputs already (``judge_feeds``)
+        checked = timed_outputs_to_check([r for pair in pairs for r in pair.candidate], [v for pair in pairs for v in pair.verify],
+                                         combine.kept_rounds(pairs, "candidate"), random.Random(ctx.seed(ctx.spec.nodeid, "verify")),
+                                         verified_timed_calls(item_bytes(ref)))
+        with timed_phase(result, "verify"):
+            verify_timed_outputs(ctx, checked, ref, processes)
     check_floor(ctx, floor, baseline_stats, candidate_stats)
     check_min_speedup(ctx, baseline_stats)
 
@@ -141,6 +156,120 @@ def record_figures(ctx: ItemContext, pairs: list[combine.ProcessPair], ref: Refe
     result.speedup = combine.item_speedup(pairs, baseline_stats, candidate_stats)
     speedup_interval.record_interval(result, pairs, candidate_stats, ctx.spec.candidate.path, ctx.device_kind)
     return baseline_stats, candidate_stats
+
+
+def timed_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: ReferenceData, processes: Processes,
+               timed_alike: Time, first: str) -> combine.ProcessPair:
+    """``time_pair``, and under a plan with a feed (``feed.py``) the trusted child feeding both
+    sides for it: attached before the first round, its verdict on every timed call judged after
+    the last (``judge_feeds``). When a side fails meanwhile, a failure of the case's while feeding
+    it comes first: the side only saw its feed break."""
+    if not timed_alike.fed:
+        return time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
+    sides = {"candidate": candidate, "baseline": baseline}
+    for peer, side in sides.items():
+        attach_feed(ctx, processes, ref, peer, side)
+    try:
+        pair = time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
+    except StageFailed as failure:
+        if not failure.case_failed:
+            feed_reports(ctx, processes)  # raises the case's failure, if feeding found one
+        raise
+    with timed_phase(ctx.result, "verify"):
+        try:
+            judge_feeds(ctx, pair, feed_reports(ctx, processes))
+        except StageFailed as failure:
+            if failure.case_failed:  # a baseline that answers by its state: never timed again
+                processes.forget(baseline)
+            raise
+    return pair
+
+
+def feed_command(ctx: ItemContext, ref: ReferenceData, peer: str) -> FeedPeer:
+    """What the trusted child needs to feed ``peer`` for the item, and to judge its outputs as the
+    correctness stage judged them."""
+    case, tol = ctx.spec.case, ctx.tolerance
+    may_write = set(case.inplace)
+    if case.output_buffers_in_inputs:  # GPU MODE's data carries the output buffer the reference returns
+        may_write.update(j for _, j in ref.output_aliases)
+    return FeedPeer(peer=peer, shape=ctx.spec.shape.params, device=ctx.device, tolerance=ToleranceSpec(atol=tol.atol, rtol=tol.rtol, strict=tol.strict),
+                    inplace=list(case.inplace), written_inputs=list(ref.written_inputs), may_write=sorted(may_write),
+                    checker=bool(case.checker), against="baseline" if peer == "baseline" else "reference")
+
+
+def attach_feed(ctx: ItemContext, processes: Processes, ref: ReferenceData, peer: str, side: Transport) -> None:
+    """A socket pair for the item: one end to the trusted child, to feed ``side`` by; the other to
+    ``side`` (the candidate's process, or the baseline's)."""
+    trusted_end, side_end = feed.socket_pair()
+    with trusted_end, side_end:
+        case_call(ctx, processes, feed_command(ctx, ref, peer), "feed", fds=[trusted_end.fileno()])
+        if peer == "candidate":
+            candidate_call(ctx, side, AttachFeed(), "timing", "timing", fds=[side_end.fileno()])
+        else:
+            case_call(ctx, processes, AttachFeed(), "baseline", side, fds=[side_end.fileno()])
+
+
+def feed_reports(ctx: ItemContext, processes: Processes) -> dict[str, list[FeedRound]]:
+    """The trusted child's account of each side's fed rounds, the feeds then closed; the case's
+    failure when its own code failed while feeding (its make_inputs, its reference)."""
+    reports = {}
+    for peer in combine.SIDES:
+        reply = case_call(ctx, processes, FeedReport(peer=peer, final=True), "feed")
+        if reply.error:
+            raise StageFailed("timing", CASE_FAILED_PREFIX + f"while feeding the {peer}'s timed calls: {reply.error}", "feed",
+                              case_failed=True)
+        reports[peer] = reply.rounds
+    return reports
+
+
+def judge_feeds(ctx: ItemContext, pair: combine.ProcessPair, reports: dict[str, list[FeedRound]]) -> None:
+    """What the trusted child saw of each side's timed calls, against what the side reported:
+    every output right, as many rounds as timed, no more samples than calls fed, and a median no
+    longer than a call's whole turn by the trusted child's clock. The candidate's failure
+    disqualifies it; the baseline's is the case's (one that keeps state across calls)."""
+    counts = dict(ctx.result.extra.timed_outputs or {})
+    for side in combine.SIDES:
+        rounds, timed = reports[side], pair.rounds(side)
+        problems = [p for r in rounds for p in ([r.closed] if r.closed else []) + r.problems]
+        if not problems:
+            problems = _forged_rounds(rounds, timed)
+        if problems:
+            if side == "baseline":
+                raise StageFailed("timing", CASE_FAILED_PREFIX + one_screen(["its baseline's timed calls went wrong (does it keep state"
+                                  " across calls?)", *problems]), "baseline", case_failed=True)
+            raise StageFailed("timing", one_screen(["the outputs of timed calls are wrong (correct only while checked?)", *problems]),
+                              "verify", disqualifies=True)
+        seen = counts.get(side, {"calls": 0, "checked": 0})
+        counts[side] = {"calls": seen["calls"] + sum(r.calls for r in rounds), "checked": seen["checked"] + sum(r.checked for r in rounds)}
+    ctx.result.extra.timed_outputs = counts
+
+
+def _forged_rounds(rounds: list[FeedRound], timed: list[TimingStats]) -> list[str]:
+    """Where a side's timing replies contradict the trusted child's account of its rounds."""
+    if len(rounds) != len(timed):
+        return [f"{len(timed)} timing rounds reported, the trusted child fed {len(rounds)} (results forged?)"]
+    for n, (fed, stats) in enumerate(zip(rounds, timed)):
+        if stats.n > fed.calls:
+            return [f"round {n + 1}: {stats.n} timed samples reported, the trusted child fed {fed.calls} calls (results forged?)"]
+        if fed.turn_median_us is not None and stats.median_us > turn_allowance(stats) * fed.turn_median_us + TURN_SLACK_US:
+            return [f"round {n + 1}: a median of {stats.median_us:.4g} us reported, but a call's whole turn took {fed.turn_median_us:.4g} us"
+                    " by the trusted child's clock (results forged?)"]
+    return []
+
+
+# Clock granularity between two processes' ``perf_counter`` readings of one turn: a call's time can
+# never exceed its turn, which holds the window, the flush and both messages.
+TURN_SLACK_US = 1.0
+
+
+def turn_allowance(stats: TimingStats) -> float:
+    """How many turns a call's reported time may take: one, but a CPU call's time is its CPU time
+    where that is larger (``per_call.at_least_cpu_time``): up to ``CPU_ABOVE_WALL_FLAG`` of its
+    wall time unflagged, and no bound once flagged (the other threads' time, spread over the
+    calls, was spent between them too)."""
+    if stats.method != "wall":
+        return 1.0
+    return math.inf if has(stats.flags, Flag.CPU_TIME_ABOVE_WALL) else CPU_ABOVE_WALL_FLAG
 
 
 def time_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: ReferenceData, processes: Processes,
@@ -258,7 +387,7 @@ def time_in_fresh_processes(ctx: ItemContext, ref: ReferenceData, processes: Pro
                               disqualifies=not failure.case_failed) from None
         baseline = stack.enter_context(processes.fresh_baseline())
         baseline_goes_the_candidates_way(ctx, baseline, ref, processes)
-        pair = time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
+        pair = timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
         case_call(ctx, processes, Finish(), "baseline", baseline)
         candidate_call(ctx, candidate, Finish(), "finish", "timing")
         return pair
@@ -269,8 +398,10 @@ def time_command(ctx: ItemContext, ref: ReferenceData) -> Time:
     budget per callable (--kcoral-timing-budget, or the device's default) split over the rounds,
     and the timed outputs each round keeps for the check."""
     rounds = rounds_of(ctx, ref)
+    fed = ctx.plan.fed  # then the trusted child judges every call, and none is kept here
     return Time(shape=ctx.spec.shape.params, device=ctx.device, n_sets=TIMING_INPUT_SETS, budget_s=timing_budget_s(ctx) / rounds,
-                timer=ctx.settings.timer, verify=-(-verified_timed_calls(item_bytes(ref)) // rounds), written_inputs=list(ref.written_inputs))
+                timer=ctx.settings.timer, verify=0 if fed else -(-verified_timed_calls(item_bytes(ref)) // rounds),
+                written_inputs=list(ref.written_inputs), fed=fed)
 
 
 def timing_budget_s(ctx: ItemContext) -> float:

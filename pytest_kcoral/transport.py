@@ -12,6 +12,7 @@ and get their processes from the executor's ``Processes``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -25,8 +26,9 @@ class Transport(Protocol):
     # the wall time of the last command, by this process's clock: timed calls cannot take longer
     last_call_s: float
 
-    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None) -> R:
-        """``reply_limit_bytes``: the most tensor bytes the reply may carry (an untrusted child's)."""
+    def call(self, command: Command[R], phase: str, reply_limit_bytes: int | None = None, fds: Sequence[int] = ()) -> R:
+        """``reply_limit_bytes``: the most tensor bytes the reply may carry (an untrusted child's);
+        ``fds``: file descriptors the command hands over (a feed's socket: local children only)."""
         ...
 
     def close(self) -> None: ...

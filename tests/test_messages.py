@@ -11,6 +11,8 @@ from pytest_kcoral.messages import (
     COMMANDS,
     Check,
     CheckOutputs,
+    FeedPeer,
+    FeedReport,
     Finish,
     LoadCandidate,
     MessageError,
@@ -36,6 +38,9 @@ RUN = Run(shape={"n": 4}, device="cpu", poison_bytes=[16], written_inputs=[0], a
     Time(shape={"n": 4}, device="cuda:0", budget_s=0.5, timer="cupti", verify=1, written_inputs=[], cpu=3, send_kept=False),
     Reference(shape={"n": 4}, device="cpu", seeds=[1, 2], baseline=True, tolerance=ToleranceSpec(atol=None, rtol=0.1), inplace=[1]),
     Check(shape={}, device="cpu", seeds=[3], structures=[[0, 0]], payload=CheckOutputs(outputs=[[1, 2]])),
+    FeedPeer(peer="baseline", shape={"n": 4}, device="cuda:1", tolerance=ToleranceSpec(atol=1e-3, rtol=None, strict=True), inplace=[0],
+             written_inputs=[0], may_write=[0, 2], checker=True, against="baseline"),
+    FeedReport(peer="candidate", final=True),
 ])
 def test_a_command_goes_over_the_wire_and_back_unchanged(command):
     header, payload = wire_header(command)
@@ -44,7 +49,8 @@ def test_a_command_goes_over_the_wire_and_back_unchanged(command):
 
 
 def test_every_command_names_its_reply_and_its_op_once():
-    assert sorted(COMMANDS) == ["check", "cost", "finish", "load_baseline", "load_candidate", "reference", "run", "time"]
+    assert sorted(COMMANDS) == ["attach_feed", "check", "cost", "feed_peer", "feed_report", "finish", "load_baseline", "load_candidate",
+                                "reference", "run", "time"]
     assert all(issubclass(c.reply, messages.Message) for c in COMMANDS.values())
 
 
@@ -67,7 +73,7 @@ def test_defaults_are_written_once_in_the_field():
     time_ = Time(shape={}, device="cpu", budget_s=1.0, timer=None, verify=2, written_inputs=[])
     header, _ = wire_header(time_)
     defaults = {f.name: f.default for f in dataclasses.fields(Time) if f.default is not dataclasses.MISSING}
-    assert defaults == {"n_sets": 3, "cpu": None, "warmup_s": 0.05, "min_samples": 5, "send_kept": True}
+    assert defaults == {"n_sets": 3, "cpu": None, "warmup_s": 0.05, "min_samples": 5, "send_kept": True, "fed": False}
     sparse = {k: v for k, v in header.items() if k not in defaults}
     assert parse_command(sparse, None) == time_  # what is left out takes the field's default
 

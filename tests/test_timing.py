@@ -767,7 +767,7 @@ def test_a_timing_round_leaves_no_garbage_behind() -> None:
 
     from pytest_kcoral.case_runtime import CaseRuntime
     from pytest_kcoral.cases import NATIVE
-    from pytest_kcoral.child_timing import new_timing_sets, time_round
+    from pytest_kcoral.child_timing import new_own_sets, time_round
     from pytest_kcoral.messages import Time
 
     source = Path(pytest_kcoral.__file__).parent.parent / "cases" / "vector_add" / "case.py"
@@ -775,7 +775,7 @@ def test_a_timing_round_leaves_no_garbage_behind() -> None:
     reference = case.module.reference
     rng = random.Random(1)
     command = Time(shape={"n": 256}, device="cpu", budget_s=0.05, timer="wall", verify=2, written_inputs=[], warmup_s=0.0)
-    held = new_timing_sets(case, command, "cpu", rng, lambda _shape, values: (lambda: reference(*values)))
+    held = new_own_sets(case, command, "cpu", rng, lambda _shape, values: (lambda: reference(*values)))
     time_round(held, case, command, "cpu", rng)
     gc.collect()
     gc.disable()

@@ -129,6 +129,15 @@ def find_hooks() -> list[str]:
     return found
 
 
+def refuse_modes(when: str) -> None:
+    """``HookDetected`` when a torch function or dispatch mode is pushed (``find_hooks``' torch
+    half, cheap enough for every timed call): before the harness's own torch calls between them."""
+    if (_function_len is not None and _function_len()) or (_dispatch_len is not None and _dispatch_len()):
+        found = [h for h in find_hooks() if h.startswith("torch")]
+        if found:
+            raise HookDetected(f"{when}, the timing loop found {'; '.join(found)}: code that runs inside the harness's own calls is refused")
+
+
 def refuse_hooks(when: str) -> None:
     """Raise ``HookDetected`` naming what ``find_hooks`` finds; ``when``: the loop's moment."""
     found = find_hooks()

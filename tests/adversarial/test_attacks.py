@@ -661,17 +661,6 @@ def test_cache_by_content_never_answers_a_timed_call(make_case, run_kcoral, pyte
     assert item["speedup"] < 1.5, (item["speedup"], item["candidate_timing"], item["baseline_timing"])
 
 
-def earned_at_most(item: dict) -> float:
-    """The speedup a candidate that moved its work out of the timing windows can still earn: the
-    charge leaves it the slack (``combine.charge_outside_work``), named in its flag."""
-    import re
-
-    (flag,) = [f for f in item["candidate_timing"]["flags"] if f.startswith("outside_window_excess_us=")]
-    slack_us = float(re.search(r"\(slack ([0-9.]+) us\)", flag).group(1))
-    t_baseline = item["t_baseline_us"]
-    return 1.1 * t_baseline / max(t_baseline - slack_us, 1e-9)
-
-
 def test_replacing_torchs_input_makers_is_detected(make_case, run_kcoral):
     make_case("cases/slow", SLOW_CASE, {"attack": WORKS_IN_THE_INPUT_REFRESH})
     result = run_kcoral(*FULL)
@@ -679,9 +668,12 @@ def test_replacing_torchs_input_makers_is_detected(make_case, run_kcoral):
     result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': *replaced functions the harness relies on*torch.randn*"])
 
 
-def test_work_done_outside_the_timing_window_is_charged(make_case, run_kcoral, pytester):
+def test_work_hidden_in_the_cases_input_maker_never_runs_in_the_candidates_process(make_case, run_kcoral, pytester):
     import json
 
+    # the attack's hook on the library the case's make_inputs calls would do the next call's work
+    # while the harness refreshed its inputs, outside the window; the trusted child makes every
+    # timed call's inputs (``feed.py``), so the hook never runs while timed and the call does the work
     assert SLOW_CASE_WITH_A_LIBRARY != SLOW_CASE
     folder = make_case("cases/slow", SLOW_CASE_WITH_A_LIBRARY, {"attack": WORKS_IN_A_LIBRARY_CALL, "honest": HONEST_SLOW})
     (folder / "lib").mkdir()
@@ -689,13 +681,38 @@ def test_work_done_outside_the_timing_window_is_charged(make_case, run_kcoral, p
     result = run_kcoral("--kcoral-timing-budget", "0.1", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=2)
     items = {i["candidate"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
-    attack, honest = items["attack"], items["honest"]
-    # it read 20 ms against a few microseconds, a speedup in the thousands; charged, it earns at
-    # most the slack the charge allows
-    assert attack["speedup"] <= earned_at_most(attack), json.dumps((attack["candidate_timing"], attack["baseline_timing"]))
-    # what was charged is in its figures, and named
-    assert attack["candidate_timing"]["charged_us"] > 1000.0, attack["candidate_timing"]
-    assert honest["candidate_timing"]["charged_us"] == 0.0 and attack["baseline_timing"]["charged_us"] == 0.0
+    for item in items.values():
+        assert 0.8 < item["speedup"] < 1.25, (item["candidate"], item["speedup"])
+        assert item["extra"]["timed_outputs"]["candidate"]["checked"] > 0
+
+
+# Work left for after its window: a finalizer on the call's output runs when the harness lets the
+# output go, outside the window. It cannot make a timed call's answer (the next inputs do not exist
+# yet), but its time is the call's all the same.
+WORKS_AFTER_ITS_WINDOW = SPIN + f"""
+import weakref
+
+def run(a, b):
+    _spin({WORK_S})
+    out = a + b
+    weakref.finalize(out, _spin, {WORK_S})
+    return out
+"""
+
+
+def test_work_done_outside_the_timing_window_is_charged(make_case, run_kcoral, pytester):
+    import json
+
+    make_case("cases/slow", SLOW_CASE, {"after": WORKS_AFTER_ITS_WINDOW, "honest": HONEST_SLOW})
+    result = run_kcoral("--kcoral-timing-budget", "0.1", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2)
+    items = {i["candidate"]: i for i in json.loads((pytester.path / "out.json").read_text())["items"]}
+    after, honest = items["after"], items["honest"]
+    # 20 ms of work in each window and 20 ms after it: charged, it reads slower than the baseline
+    assert after["candidate_timing"]["charged_us"] > 1000.0, after["candidate_timing"]
+    assert any(f.startswith("outside_window_excess_us=") for f in after["candidate_timing"]["flags"])
+    assert after["speedup"] < 0.8, after["speedup"]
+    assert honest["candidate_timing"]["charged_us"] == 0.0 and after["baseline_timing"]["charged_us"] == 0.0
     assert not any(f.startswith("outside_window_excess_us=") for f in honest["candidate_timing"]["flags"]), (
         honest["candidate_timing"], honest["baseline_timing"])
     assert 0.8 < honest["speedup"] < 1.25, honest["speedup"]

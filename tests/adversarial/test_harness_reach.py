@@ -1,5 +1,6 @@
 """Attacks on what the harness does in the candidate's process between timed calls (issue 29):
-lazy objects returned by timed calls, and a predictable input refresh."""
+lazy objects returned by timed calls, a predictable input refresh, and the feed that now brings
+the timed inputs from the trusted child."""
 
 from __future__ import annotations
 
@@ -134,10 +135,55 @@ def run(a, b):
 
 def test_skipping_the_work_on_most_timed_calls_is_caught(make_case, run_kcoral, pytester):
     """Two checked timed outputs let such a candidate through in about half the sessions, at
-    9-31x; a small item now gets eight checks, which it passes with chance 0.4**8."""
+    9-31x; the trusted child now judges every timed call."""
     make_case("cases/mm", MATMUL_CASE, {"stale": SOMETIMES_STALE, "honest": HONEST})
     result = run_kcoral("--kcoral-json", "out.json", "--kcoral-timing-budget", "0.2")
     result.assert_outcomes(passed=1, failed=1)
     stale = _item(pytester, "stale")
     assert stale["phase"] == "verify" and "the outputs of timed calls are wrong" in stale["message"], stale["message"]
+    assert _item(pytester, "honest")["outcome"] == "passed"
+
+
+# Finds the feed's socket among its process's descriptors (the Unix socket that was not there at
+# its first call, a correctness trial) and writes a frame of its own into it while timed: the
+# trusted child must refuse it, and end the feed.
+FEED_WRITER = """
+import os, socket, stat, struct
+first_seen = None
+
+def _sockets():
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                found[os.readlink("/proc/self/fd/" + name)] = int(name)
+        except OSError:
+            pass
+    return found
+
+def run(a, b):
+    global first_seen
+    now = _sockets()
+    if first_seen is None:
+        first_seen = set(now)
+    for inode, fd in now.items():
+        if inode not in first_seen:
+            sock = socket.socket(fileno=os.dup(fd))
+            body = b'{"op": "call", "set": 0, "prev": {"set": 0, "structure": 0, "leaves": [{"v": 1.0}], "problems": []}}'
+            try:
+                sock.send(struct.pack("!I", len(body)) + body, socket.MSG_DONTWAIT)
+            except OSError:
+                pass
+            sock.close()
+    return a @ b
+"""
+
+
+def test_writing_into_the_feed_from_the_candidates_call_fails_it(make_case, run_kcoral, pytester):
+    make_case("cases/mm", MATMUL_CASE, {"writer": FEED_WRITER, "honest": HONEST})
+    result = run_kcoral("--kcoral-json", "out.json", "--kcoral-timing-budget", "0.05", "--kcoral-precision", "off")
+    result.assert_outcomes(passed=1, failed=1)
+    writer = _item(pytester, "writer")
+    assert writer["stage"] == "timing" and writer["correct"] is False and not writer["case_failed"], writer["message"]
+    assert "feed" in writer["message"], writer["message"]
     assert _item(pytester, "honest")["outcome"] == "passed"

@@ -1,0 +1,112 @@
+"""The feed's cost per timed call: a trusted ``Feeder`` and a fed child's ``FedSets`` in two fresh
+processes, as the grader pairs them (``pytest_kcoral/feed.py``), without the timing loop.
+
+    python bench/feed_cost.py [--device cuda:0] [--calls 2000] [--n 4096 --n 16777216]
+
+For each size of ``cases/vector_add`` it prints, medians over the calls: the fed child's round
+trip for one call's fresh inputs (its request, the trusted child's judging and writing, the
+answer), and the trusted child's own share of it. The difference is the two processes' wake-ups
+and the messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import select
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CASE = ROOT / "cases" / "vector_add" / "case.py"
+
+
+def _trusted(sock: socket.socket, device: str, n: int, out: mp.Queue) -> None:
+    import torch
+
+    from pytest_kcoral.case_runtime import CaseRuntime
+    from pytest_kcoral.child import Unpredictable
+    from pytest_kcoral.child_feeder import Feeder
+    from pytest_kcoral.feed import FeedChannel
+    from pytest_kcoral.messages import FeedPeer, ToleranceSpec
+
+    torch.set_num_threads(1)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    case = CaseRuntime({"format": "native", "source": str(CASE), "device": device, "device_kind": kind})
+    config = FeedPeer(peer="candidate", shape={"n": n}, device=device, tolerance=ToleranceSpec(atol=None, rtol=None), inplace=[],
+                      written_inputs=[], may_write=[])
+    feeder = Feeder(case, FeedChannel(sock), config, Unpredictable())
+    work_us = []
+    while feeder.open:
+        select.select([sock], [], [])  # as the trusted child's loop waits: the request is there
+        started = time.perf_counter()
+        feeder.serve_one()
+        work_us.append((time.perf_counter() - started) * 1e6)
+    rounds = feeder.report(final=True)
+    out.put({"trusted_us": statistics.median(work_us[2:-1]) if len(work_us) > 3 else None,
+             "checked": sum(r.checked for r in rounds), "calls": sum(r.calls for r in rounds), "problems": [p for r in rounds for p in r.problems][:3]})
+
+
+def _fed(sock: socket.socket, device: str, n: int, calls: int, out: mp.Queue) -> None:
+    import torch
+
+    from pytest_kcoral.child_timing import FedSets
+    from pytest_kcoral.feed import FeedChannel
+    from pytest_kcoral.messages import Time
+
+    torch.set_num_threads(1)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    command = Time(shape={"n": n}, device=device, budget_s=1.0, timer=None, verify=0, written_inputs=[], fed=True)
+    started = time.perf_counter()
+    sets = FedSets(FeedChannel(sock), command, device, lambda _shape, args: (lambda: args[0] + args[1]))
+    setup_ms = (time.perf_counter() - started) * 1e3
+    trips = []
+    for i in range(calls):
+        k = i % len(sets.sets)
+        t0 = time.perf_counter()
+        sets.refresh(k)
+        trips.append((time.perf_counter() - t0) * 1e6)
+        sets.keep(k, sets.fns[k](), [])
+    sets.end_round()
+    sets.channel.close()
+    out.put({"round_trip_us": statistics.median(trips), "p90_us": sorted(trips)[int(0.9 * len(trips))], "setup_ms": setup_ms,
+             "sets": len(sets.sets)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--n", type=int, action="append", help="vector_add sizes (default 4096 and 2**24)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    ctx = mp.get_context("spawn")  # neither process may inherit a CUDA context
+    print("| n | sets | fed child's round trip us (median) | p90 us | trusted child's own us | checked/calls | setup ms |")
+    print("|---|---|---|---|---|---|---|")
+    for n in args.n or [4096, 1 << 24]:
+        trusted_end, fed_end = socket.socketpair()
+        queue: mp.Queue = ctx.Queue()
+        procs = [ctx.Process(target=_trusted, args=(trusted_end, args.device, n, queue)),
+                 ctx.Process(target=_fed, args=(fed_end, args.device, n, args.calls, queue))]
+        for p in procs:
+            p.start()
+        trusted_end.close()
+        fed_end.close()
+        found: dict = {}
+        for _ in procs:
+            found.update(queue.get(timeout=300))
+        for p in procs:
+            p.join(30)
+        print(f"| {n} | {found.get('sets')} | {found.get('round_trip_us', 0):.1f} | {found.get('p90_us', 0):.1f} | "
+              f"{found.get('trusted_us') or 0:.1f} | {found.get('checked')}/{found.get('calls')} | {found.get('setup_ms', 0):.1f} |"
+              + (f" problems: {found['problems']}" if found.get("problems") else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""The feed: the channel between the case's trusted child and a child it feeds (the candidate's or
+the baseline's), and what travels on it.
+
+The trusted child makes every timed call's inputs and judges its outputs; the fed child only calls
+the candidate (``child_feeder`` is the trusted side, ``child_timing.FedSets`` the fed one). They
+talk over a Unix socket pair the pytest process made for the item, in small JSON frames; host
+memory travels as file descriptors beside a frame (``SCM_RIGHTS``), device memory as CUDA IPC
+handles inside one (``shared_memory``).
+
+A round, as the fed child sees it:
+
+1. ``hello`` (once per item and process): the trusted child answers with the ``Layout`` it chose
+   for the input sets and the output slot, placement pads included;
+2. ``map``: the fed child sends the regions it allocated to that layout; the trusted child maps
+   them and writes fresh values into every set;
+3. ``call`` before each timed call: the outcome of the last call (its outputs are in the slot),
+   and which set comes next; the trusted child judges the last outputs, then writes set ``k``
+   afresh, and only then answers;
+4. ``end`` after the round's last call.
+
+The fed child is hostile: the trusted side parses every frame strictly and bounds what it reads
+(``recv``), and a frame that does not parse ends the feed with the candidate's failure.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import math
+import select
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+MAX_FRAME_BYTES = 1 << 20  # a frame holds a few numbers per tensor: more is a child flooding the channel
+MAX_FDS = 4
+_LENGTH = struct.Struct("!I")
+
+PLAIN_VALUES = (int, float, bool, str, type(None))  # inputs and outputs that are no tensors
+
+
+class FeedError(RuntimeError):
+    """The other side of the feed sent something unreadable, closed, or did not answer in time."""
+
+
+class FeedClosed(FeedError):
+    """The other side closed the feed between frames."""
+
+
+class FeedChannel:
+    """One end of the socket pair: JSON frames, each with up to ``MAX_FDS`` file descriptors."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+
+    @classmethod
+    def from_fd(cls, fd: int) -> FeedChannel:
+        return cls(socket.socket(fileno=fd))
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+        body = json.dumps(message, separators=(",", ":")).encode()
+        frame = _LENGTH.pack(len(body)) + body
+        try:
+            if fds:
+                self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            else:
+                self.sock.sendall(frame)
+        except OSError as exc:
+            raise FeedError(f"the other side of the feed is gone ({exc.strerror or exc})") from None
+
+    def recv(self, deadline: float | None = None) -> tuple[Any, list[int]]:
+        """The next frame's JSON and the descriptors that came with it. ``FeedError`` when the
+        other side closed, sent an unreadable frame, or (with a ``deadline``, ``time.monotonic``)
+        took too long."""
+        self._wait(deadline)
+        try:
+            head, ancillary, _, _ = self.sock.recvmsg(_LENGTH.size, socket.CMSG_SPACE(MAX_FDS * 4))
+        except OSError as exc:
+            raise FeedError(f"the other side of the feed is gone ({exc.strerror or exc})") from None
+        fds = _descriptors(ancillary)
+        try:
+            if not head:
+                raise FeedClosed("the other side of the feed closed it")
+            head += self._exactly(_LENGTH.size - len(head), deadline)
+            (size,) = _LENGTH.unpack(head)
+            if size > MAX_FRAME_BYTES:
+                raise FeedError(f"a feed frame of {size} bytes, more than the {MAX_FRAME_BYTES} allowed")
+            body = self._exactly(size, deadline)
+            try:
+                return json.loads(body), fds
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                raise FeedError(f"an unreadable feed frame: {str(exc)[:200]}") from None
+        except BaseException:
+            _close_all(fds)
+            raise
+
+    def _exactly(self, n: int, deadline: float | None) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        done = 0
+        while done < n:
+            self._wait(deadline)
+            try:
+                got = self.sock.recv_into(view[done:])
+            except OSError as exc:
+                raise FeedError(f"the other side of the feed is gone ({exc.strerror or exc})") from None
+            if got == 0:
+                raise FeedError("the other side of the feed closed it in the middle of a frame")
+            done += got
+        return bytes(buf)
+
+    def _wait(self, deadline: float | None) -> None:
+        if deadline is None:
+            return
+        remaining_ms = (deadline - time.monotonic()) * 1e3
+        if remaining_ms <= 0 or not self._poll.poll(math.ceil(remaining_ms)):
+            raise FeedError("the other side of the feed did not answer in time")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(data[: len(data) - len(data) % received.itemsize])
+            fds.extend(received)
+    return fds
+
+
+def _close_all(fds: list[int]) -> None:
+    import os
+
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """The item's feed: the trusted child's end first."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+# -- the layout ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorPlace:
+    """Where one tensor of a set, or one output of the slot, lies: a region (by device kind) and an offset."""
+
+    region: str  # "cuda" or "cpu"
+    offset: int
+    dtype: str  # torch's name without ``torch.``
+    shape: list[int]
+    strides: list[int]
+
+    def to_wire(self) -> list[Any]:
+        return [self.region, self.offset, self.dtype, self.shape, self.strides]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> TensorPlace:
+        region, offset, dtype, shape, strides = value
+        return cls(str(region), int(offset), str(dtype), [int(d) for d in shape], [int(s) for s in strides])
+
+
+@dataclass(frozen=True)
+class SlotPlace:
+    """Where one output of a call goes in the slot: a region, an offset, and room for this many
+    bytes, which the output fills as one contiguous tensor of its own dtype and shape."""
+
+    region: str
+    offset: int
+    capacity: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.region, self.offset, self.capacity]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> SlotPlace:
+        region, offset, capacity = value
+        return cls(str(region), int(offset), int(capacity))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the trusted child chose for a fed child: each region's size, each set's inputs (a
+    tensor's place, or a plain value), and the output slot (a place per output the reference
+    returns as a tensor, None for a plain value). Sent once per item; the fed child builds its
+    tensors from it, nothing else."""
+
+    region_bytes: dict[str, int]
+    sets: list[list[Any]]  # per set, per input: a TensorPlace or ("value", v)
+    slot: list[SlotPlace | None]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"region_bytes": self.region_bytes,
+                "sets": [[p.to_wire() if isinstance(p, TensorPlace) else {"v": p[1]} for p in inputs] for inputs in self.sets],
+                "slot": [p.to_wire() if p is not None else None for p in self.slot]}
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> Layout:
+        """In the fed child, from the trusted child (trusted: a malformed one is a harness bug)."""
+        sets = [[TensorPlace.from_wire(p) if isinstance(p, list) else ("value", p["v"]) for p in inputs] for inputs in value["sets"]]
+        slot = [SlotPlace.from_wire(p) if p is not None else None for p in value["slot"]]
+        return cls({str(k): int(v) for k, v in value["region_bytes"].items()}, sets, slot)
+
+
+# -- a call's outcome, as the fed child reports it --------------------------------------------------
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a timed call returned, as its child says: the outputs' structure, and per output a
+    tensor copied to its place in the slot (its dtype and shape), a plain value, or a tensor too
+    large for its place (its dtype and shape only); and what the child itself found wrong (a
+    lazy object, a tensor on another device)."""
+
+    set_index: int
+    structure: Any
+    leaves: list[Any]  # ("slot", dtype, shape) | ("value", v) | ("tensor", dtype, shape)
+    problems: list[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        keys = {"slot": "s", "tensor": "t"}
+        leaves = [{"v": leaf[1]} if leaf[0] == "value" else {keys[leaf[0]]: [leaf[1], leaf[2]]} for leaf in self.leaves]
+        return {"set": self.set_index, "structure": self.structure, "leaves": leaves, "problems": self.problems}
+
+    @classmethod
+    def parse(cls, value: Any, n_sets: int, max_leaves: int) -> Outcome:
+        """From the fed child: ``FeedError`` unless every field is what ``to_wire`` makes."""
+        if not isinstance(value, dict) or set(value) != {"set", "structure", "leaves", "problems"}:
+            raise FeedError(f"a call's outcome is not an outcome: {str(value)[:120]}")
+        set_index, leaves, problems = value["set"], value["leaves"], value["problems"]
+        if type(set_index) is not int or not 0 <= set_index < n_sets:
+            raise FeedError(f"a call's outcome names input set {set_index!r} of {n_sets}")
+        if not isinstance(leaves, list) or len(leaves) > max_leaves:
+            raise FeedError(f"a call's outcome holds {len(leaves) if isinstance(leaves, list) else 'no list of'} outputs")
+        if not isinstance(problems, list) or len(problems) > 64 or not all(isinstance(p, str) for p in problems):
+            raise FeedError("a call's outcome lists its problems unreadably")
+        parsed: list[Any] = []
+        for leaf in leaves:
+            key = next(iter(leaf), None) if isinstance(leaf, dict) and len(leaf) == 1 else None
+            if key == "v" and type(leaf["v"]) in PLAIN_VALUES:
+                parsed.append(("value", leaf["v"]))
+            elif key in ("s", "t") and _dtype_and_shape(leaf[key]):
+                parsed.append(("slot" if key == "s" else "tensor", leaf[key][0], leaf[key][1]))
+            else:
+                raise FeedError(f"a call's outcome holds an unreadable output {str(leaf)[:80]}")
+        return cls(set_index, value["structure"], parsed, [p[:500] for p in problems])
+
+
+def _dtype_and_shape(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and len(value[0]) <= 40
+            and isinstance(value[1], list) and len(value[1]) <= 64 and all(type(d) is int and d >= 0 for d in value[1]))

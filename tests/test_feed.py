@@ -1,0 +1,236 @@
+"""The feed (``feed.py``, ``shared_memory.py``, ``child_feeder.py``, ``child_timing.FedSets``): the
+trusted side makes each call's inputs in the fed side's memory and judges its outputs there. Real
+processes, a real socket pair and real shared memory; on a GPU the same over CUDA IPC."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import socket
+import textwrap
+import time
+
+import pytest
+import torch
+
+from pytest_kcoral.feed import FeedChannel, FeedError
+from pytest_kcoral.shared_memory import ALIGN, MappedRegion, Region, RegionInfo, SharedMemoryError
+
+ADD_CASE = """
+import torch
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    return a + b
+"""
+
+
+# -- shared memory ---------------------------------------------------------------------------------
+
+def test_a_host_region_is_the_same_memory_in_another_process():
+    region = Region(4096, "cpu")
+    view = region.view(0, torch.float32, [16], [1])
+    view.zero_()
+    pid = os.fork()
+    if pid == 0:  # the importer: writes through its own mapping
+        try:
+            mapped = MappedRegion(region.info, "cpu", os.dup(region.fd))
+            mapped.view(0, torch.float32, [16], [1]).copy_(torch.arange(16.0))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert torch.equal(view, torch.arange(16.0))
+    region.close()
+
+
+def test_a_view_outside_its_region_is_refused():
+    region = Region(2 * ALIGN, "cpu")
+    mapped = MappedRegion(region.info, "cpu", os.dup(region.fd))
+    assert mapped.view(ALIGN, torch.float32, [ALIGN // 4], [1]).numel() == ALIGN // 4
+    with pytest.raises(SharedMemoryError, match="overruns its region"):
+        mapped.view(ALIGN, torch.float32, [ALIGN // 4 + 1], [1])
+    with pytest.raises(SharedMemoryError, match="overruns its region"):
+        mapped.view(0, torch.float32, [2, 4], [1024, 1])  # strides reach past the end
+    with pytest.raises(SharedMemoryError, match="multiple of"):
+        mapped.view(4, torch.float32, [4], [1])
+    with pytest.raises(SharedMemoryError, match="non-negative"):
+        mapped.view(0, torch.float32, [4], [-1])
+
+
+def test_a_host_file_that_could_shrink_is_refused():
+    unsealed = os.memfd_create("unsealed", os.MFD_CLOEXEC)
+    os.ftruncate(unsealed, 4096)
+    with pytest.raises(SharedMemoryError, match="not sealed against shrinking"):
+        MappedRegion(RegionInfo("cpu", 4096), "cpu", unsealed)
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    with pytest.raises(SharedMemoryError, match="not a sealed memory file"):
+        MappedRegion(RegionInfo("cpu", 4096), "cpu", read_end)
+    sealed = os.memfd_create("small", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(sealed, 1024)
+    fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    with pytest.raises(SharedMemoryError, match="holds 1024 bytes, not 4096"):
+        MappedRegion(RegionInfo("cpu", 4096), "cpu", sealed)
+
+
+# -- the channel -----------------------------------------------------------------------------------
+
+def test_frames_carry_file_descriptors():
+    a, b = socket.socketpair()
+    sender, receiver = FeedChannel(a), FeedChannel(b)
+    region = Region(ALIGN, "cpu")
+    sender.send({"op": "map"}, [region.fd])
+    message, fds = receiver.recv(deadline=time.monotonic() + 5)
+    assert message == {"op": "map"} and len(fds) == 1
+    MappedRegion(region.info, "cpu", fds[0]).view(0, torch.uint8, [4], [1]).fill_(7)
+    assert region.bytes[:4].tolist() == [7, 7, 7, 7]
+
+
+@pytest.mark.parametrize("raw, error", [
+    (b"\xff\xff\xff\xff", "more than the"),  # a length past the limit: refused before it is read
+    (b"\x00\x00\x00\x03{{{", "unreadable feed frame"),
+    (b"\x00\x00\x00\x09{\"op\":", "closed it in the middle"),
+])
+def test_an_unreadable_frame_is_refused(raw, error):
+    a, b = socket.socketpair()
+    a.sendall(raw)
+    a.shutdown(socket.SHUT_WR)
+    with pytest.raises(FeedError, match=error):
+        FeedChannel(b).recv(deadline=time.monotonic() + 5)
+
+
+def test_a_silent_peer_runs_into_the_deadline():
+    a, b = socket.socketpair()
+    started = time.monotonic()
+    with pytest.raises(FeedError, match="did not answer in time"):
+        FeedChannel(b).recv(deadline=started + 0.2)
+    assert time.monotonic() - started < 2
+    a.close()
+
+
+# -- a fed round, the trusted side in a process of its own -------------------------------------------
+
+def _trusted_side(sock: socket.socket, case_path: str, device: str, n: int, results) -> None:
+    from pytest_kcoral.case_runtime import CaseRuntime
+    from pytest_kcoral.child import Unpredictable
+    from pytest_kcoral.child_feeder import Feeder
+    from pytest_kcoral.messages import FeedPeer, ToleranceSpec
+
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    case = CaseRuntime({"format": "native", "source": case_path, "device": device, "device_kind": kind})
+    config = FeedPeer(peer="candidate", shape={"n": n}, device=device, tolerance=ToleranceSpec(atol=None, rtol=None), inplace=[],
+                      written_inputs=[], may_write=[])
+    feeder = Feeder(case, FeedChannel(sock), config, Unpredictable())
+    while feeder.open:
+        feeder.serve_one()
+    results.put([(r.calls, r.checked, r.problems, r.turn_median_us, r.closed) for r in feeder.report(final=True)])
+
+
+def _fed_round(tmp_path, kernel, calls: int = 40, device: str = "cpu", n: int = 64, tamper=None):
+    """Rounds of ``calls`` timed calls of ``kernel(a, b)`` on fed sets; the trusted side's report."""
+    from pytest_kcoral.child_timing import FedSets
+    from pytest_kcoral.messages import Time
+
+    case_path = tmp_path / "case.py"
+    case_path.write_text(textwrap.dedent(ADD_CASE))
+    ours, theirs = socket.socketpair()
+    ctx = multiprocessing.get_context("spawn")  # no CUDA state may cross a fork
+    results = ctx.Queue()
+    trusted = ctx.Process(target=_trusted_side, args=(theirs, str(case_path), device, n, results))
+    trusted.start()
+    theirs.close()
+    try:
+        command = Time(shape={"n": n}, device=device, budget_s=1.0, timer=None, verify=0, written_inputs=[], fed=True)
+        sets = FedSets(FeedChannel(ours), command, device, lambda _shape, args: (lambda: kernel(*args)))
+        try:
+            for i in range(calls):
+                k = i % len(sets.sets)
+                sets.refresh(k)
+                sets.keep(k, sets.fns[k](), [])
+                if tamper is not None:
+                    tamper(sets, i)
+            sets.end_round()
+        except FeedError as exc:
+            sets.channel.close()
+            return results.get(timeout=60), exc
+        sets.channel.close()
+        return results.get(timeout=60), None
+    finally:
+        trusted.join(30)
+
+
+def test_an_honest_round_is_fed_and_every_call_checked(tmp_path):
+    (round_,), error = _fed_round(tmp_path, lambda a, b: a + b, calls=40)
+    calls, checked, problems, turn_us, closed = round_
+    assert error is None and (calls, checked, problems, closed) == (40, 40, [], "")
+    assert turn_us is not None and turn_us > 0
+
+
+def test_every_call_gets_inputs_no_one_saw_before(tmp_path):
+    seen = []
+
+    def remember(a, b):
+        seen.append((float(a[0]), float(b[0])))
+        return a + b
+
+    _fed_round(tmp_path, remember, calls=30)
+    assert len(set(seen)) == 30
+
+
+def test_wrong_outputs_are_named_by_their_timed_call(tmp_path):
+    calls = []
+
+    def wrong_on_the_fifth(a, b):
+        calls.append(1)
+        return a - b if len(calls) == 5 else a + b
+
+    (round_,), _ = _fed_round(tmp_path, wrong_on_the_fifth, calls=10)
+    assert round_[0] == 10 and len(round_[2]) == 1
+    assert round_[2][0].startswith("timed call 5: output 0:") and "outside atol" in round_[2][0]
+
+
+def test_an_input_changed_by_a_call_is_named(tmp_path):
+    def writes_its_input(a, b):
+        out = a + b
+        b.zero_()
+        return out
+
+    (round_,), _ = _fed_round(tmp_path, writes_its_input, calls=3)
+    assert round_[2] and all("input 1 was modified" in p for p in round_[2])
+
+
+def test_a_forged_outcome_ends_the_feed_as_the_fed_sides_failure(tmp_path):
+    def forge(sets, i):
+        if i == 2:
+            sets._outcome = type(sets._outcome)(99, 0, [("slot", "float32", [64])], [])  # a set that does not exist
+
+    (round_,), error = _fed_round(tmp_path, lambda a, b: a + b, calls=5, tamper=forge)
+    assert isinstance(error, FeedError) and "names input set 99" in str(error)
+    assert "names input set 99" in round_[4]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the feed's device memory travels over CUDA IPC")
+def test_a_fed_round_over_cuda_ipc(tmp_path):
+    (round_,), error = _fed_round(tmp_path, lambda a, b: a + b, calls=50, device="cuda:0", n=4096)
+    assert error is None and round_[:3] == (50, 50, [])
+    (round_,), _ = _fed_round(tmp_path, lambda a, b: a - b, calls=3, device="cuda:0", n=4096)
+    assert len(round_[2]) == 3 and "outside atol" in round_[2][0]
+
+
+def test_figures_beyond_the_trusted_childs_account_are_forged():
+    from pytest_kcoral.messages import FeedRound
+    from pytest_kcoral.results import TimingStats
+    from pytest_kcoral.stage_timing import _forged_rounds
+
+    fed = [FeedRound(calls=100, checked=100, problems=[], turn_median_us=40.0)]
+    assert _forged_rounds(fed, [TimingStats(method="cupti", median_us=12.0, n=100)]) == []
+    assert "201 timed samples reported, the trusted child fed 100" in _forged_rounds(fed, [TimingStats(method="cupti", median_us=12.0, n=201)])[0]
+    assert "a call's whole turn took 40 us" in _forged_rounds(fed, [TimingStats(method="cupti", median_us=50.0, n=100)])[0]
+    assert "2 timing rounds reported, the trusted child fed 1" in _forged_rounds(fed, [TimingStats(method="cupti", median_us=1.0, n=1)] * 2)[0]
+    # on a CPU a call's time may be its CPU time, which other threads' work spread over the calls raises
+    assert _forged_rounds(fed, [TimingStats(method="wall", median_us=43.0, n=100)]) == []
+    assert _forged_rounds(fed, [TimingStats(method="wall", median_us=400.0, n=100, flags=["cpu_time_above_wall"])]) == []
