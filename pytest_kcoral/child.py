@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import multiprocessing.connection
 import os
 import subprocess
@@ -26,7 +27,7 @@ from typing import Any
 
 from pytest_kcoral import child_trusted, confine, correctness, leftovers, protocol, tamper, timing
 from pytest_kcoral.case_runtime import BaselineRuntime, CandidateError, CandidateRuntime, CaseRuntime
-from pytest_kcoral.child_feeder import Feeder
+from pytest_kcoral.child_feeder import Feeder, Pricing
 from pytest_kcoral.child_outputs import aliases, clone_values, flatten_outputs, inspect_outputs, keep_large_allocations_on_heap, poison, synchronize, to_cpu
 from pytest_kcoral.child_timing import FedSets, OwnSets, new_own_sets, sets_key, time_round
 from pytest_kcoral.feed import FeedChannel
@@ -246,6 +247,7 @@ class _Runner:
         self._timing_sets: OwnSets | FedSets | None = None  # the item's timing input sets (``child_timing``)
         self._feed: FeedChannel | None = None  # a fed child's: its socket to the trusted child (``AttachFeed``)
         self.feeders: dict[str, Feeder] = {}  # the trusted child's: the children it feeds, by role (``FeedPeer``)
+        self.pricing: tuple[str, Pricing] | None = None  # the trusted child's: how often its item's timed calls are checked
         self._fds: list[int] = []  # the descriptors that came with the command being served
 
     def serve(self, conn: Connection) -> None:
@@ -366,7 +368,11 @@ class _Runner:
         old = self.feeders.pop(command.peer, None)
         if old is not None:
             old.close()
-        self.feeders[command.peer] = Feeder(self.case, FeedChannel.from_fd(self._take_fd()), command, _rng)
+        # both sides of an item are checked alike (``child_feeder.Pricing``)
+        item = json.dumps([command.shape, command.device], sort_keys=True)
+        if self.pricing is None or self.pricing[0] != item:
+            self.pricing = (item, Pricing())  # the item before's goes
+        self.feeders[command.peer] = Feeder(self.case, FeedChannel.from_fd(self._take_fd()), command, _rng, self.pricing[1])
         return Feeding()
 
     def _feed_report(self, command: FeedReport) -> FeedReportReply:

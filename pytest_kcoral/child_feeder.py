@@ -7,10 +7,10 @@ writes, and only then answers. So:
 
 - the seeds, the inputs as made and the reference never leave this process;
 - a call's inputs do not exist before its turn, so no call can work ahead for the next ones;
-- every timed call's outputs are read where the child left them, as plain tensors built here, and
-  their values checked against the reference with probability ``check_share`` (every call, unless
-  the reference is slow). The draw is made after the call, so neither the call nor its child can
-  know whether it will be checked.
+- every timed call's outputs are judged where the child left them: their kinds, dtypes and shapes
+  every time, their values, read as plain tensors built here, on a share of the calls (all of them
+  unless checks are slow next to the calls: ``Pricing``). The draw is made after the call, so
+  neither the call nor its child can know whether it will be checked.
 
 Judged as the correctness stage judges (``correctness.py``, or the case's own checker): the
 outputs' structure and values, the INPLACE inputs the reference writes, and every other input
@@ -38,11 +38,14 @@ from pytest_kcoral.timing.placement import SMALL_SET_BYTES, SMALL_SET_COUNT, ten
 ONE_SET_BYTES = 256 << 20
 MAX_SETS = SMALL_SET_COUNT
 _PAD_QUANTA = 2048  # small sets lie behind pads of up to this many ``ALIGN`` units (``timing.placement``)
-# Which timed calls have their values checked: every one while a check (the reference and the
-# comparison) takes at most CHECK_FREE_S; past that, that much checking a call on average, and
-# never fewer than MIN_CHECK_SHARE of the calls. A candidate must skip its work on half its calls
-# or more to move a median, so even the floor catches it within a few dozen calls.
-CHECK_FREE_S = 0.002
+# Which timed calls have their values checked (their kinds, dtypes and shapes are, every one): all
+# of them while a check (the reference and the comparison) takes at most CHECK_FREE_S; past that,
+# as many as keep the checks to CHECK_TURN_SHARE of a baseline call's turn, and never fewer than
+# MIN_CHECK_SHARE. Both sides of an item get the same share (``Pricing``), so neither's time
+# outside its windows grows by the other's checks. A candidate must skip its work on half its
+# calls or more to move a median, so even the floor catches it within a few dozen calls.
+CHECK_FREE_S = 50e-6
+CHECK_TURN_SHARE = 0.5
 MIN_CHECK_SHARE = 0.05
 _COSTS_KEPT = 15  # the latest checks' costs, whose median prices the next ones
 # A check's cost, waited for on the device: the first few checks of a feed, then one in so many
@@ -81,10 +84,32 @@ class _Round:
         return FeedRound(calls=self.calls, checked=self.checked, problems=problems[:PROBLEMS_KEPT], turn_median_us=median, closed=closed)
 
 
+class Pricing:
+    """How often an item's timed calls are checked, shared by the feeds of its two sides
+    (``CHECK_FREE_S``): from what checks cost, and how long the baseline's calls take."""
+
+    def __init__(self) -> None:
+        self.costs_s: list[float] = []
+        self.baseline_turns_us: list[float] = []
+        self.share = 1.0
+
+    def add_cost(self, took_s: float) -> None:
+        self.costs_s = [*self.costs_s[-(_COSTS_KEPT - 1):], took_s]
+        cost_s = statistics.median(self.costs_s)
+        if cost_s <= CHECK_FREE_S or not self.baseline_turns_us:
+            self.share = 1.0
+            return
+        turn_s = statistics.median(self.baseline_turns_us) / 1e6
+        self.share = min(1.0, max(MIN_CHECK_SHARE, CHECK_TURN_SHARE * turn_s / cost_s))
+
+    def add_baseline_turns(self, turns_us: list[float]) -> None:
+        self.baseline_turns_us = turns_us[-256:]
+
+
 class Feeder:
     """Feeds one child for one item: its input sets and output slot, in its own memory."""
 
-    def __init__(self, case: CaseRuntime, channel: FeedChannel, config: FeedPeer, rng: Any) -> None:
+    def __init__(self, case: CaseRuntime, channel: FeedChannel, config: FeedPeer, rng: Any, pricing: Pricing | None = None) -> None:
         self.case = case
         self.channel = channel
         self.config = config
@@ -94,9 +119,9 @@ class Feeder:
         self.regions: dict[str, MappedRegion] = {}
         self.sets: list[tuple] = []  # per set, the child's inputs as views here (plain values as they are)
         self.expected_structure: Any = None
+        self.expected_leaves: list[tuple[str, list[int]] | None] = []  # the reference's outputs: dtype and shape, None for a value
         self.pending: tuple[int, tuple] | None = None  # the set written for the call in flight, and its inputs as made
-        self.check_share = 1.0
-        self.check_costs_s: list[float] = []
+        self.pricing = pricing or Pricing()
         self.rounds: list[_Round] = []
         self.current = _Round()
         self.closed = ""  # why the feed ended early (the child's fault), or ""
@@ -165,6 +190,8 @@ class Feeder:
         if op == "end":
             self._judge(message.get("prev"))
             self.current.read_tallies()  # the last calls' checks, while the slot still holds the last outputs
+            if self.config.peer == "baseline":
+                self.pricing.add_baseline_turns(self.current.intervals_us)
             self.rounds.append(self.current)
             self.current = _Round()
             return {"ok": True}
@@ -222,6 +249,7 @@ class Feeder:
         args = self.case.make_inputs(shape, self.rng.getrandbits(62))
         outputs, self.expected_structure = flatten_outputs(self.case.reference(shape, clone_values(args)))
         require_plain_outputs(outputs, "reference")
+        self.expected_leaves = [(str(o.dtype).removeprefix("torch."), list(o.shape)) if hasattr(o, "dtype") else None for o in outputs]
         self.layout = choose_layout(args, outputs, self.config.device, wanted, self.rng, self.config.checker)
         return self.layout
 
@@ -282,8 +310,8 @@ class Feeder:
         self.pending = (k, made)
 
     def _judge(self, prev: Any) -> None:
-        """The last call's outcome: counted, and (with probability ``check_share``, drawn now)
-        its values checked."""
+        """The last call's outcome: counted, its kinds checked, and (with the item's share, drawn
+        now) its values."""
         if self.pending is None:
             if prev is not None:
                 raise FeedError("an outcome reported before any call")
@@ -298,7 +326,9 @@ class Feeder:
         problems = list(outcome.problems)
         if outcome.set_index != k:
             problems.append(f"its child says it called input set {outcome.set_index}, the set made for it was {k}")
-        if not problems and self.rng.random() < self.check_share:
+        if not problems:
+            problems = self._check_kinds(outcome)
+        if not problems and self.rng.random() < self.pricing.share:
             self.current.checked += 1
             problems = self._check(outcome, call, k, made)
         self.current.problems += [(call, p) for p in problems]
@@ -306,15 +336,12 @@ class Feeder:
     def _check(self, outcome: Outcome, call: int, k: int, made: tuple) -> list[str]:
         """The call's values, as the correctness stage judges them. What can be counted on the
         device is left counting (``_Round.tallies``); the rest is decided now."""
-        problems = correctness.compare_structure(outcome.structure, self.expected_structure)
-        if problems:
-            return problems
         assert self.layout is not None
         outputs, problems = outputs_of(outcome, self.layout.slot, self.regions, self.config.checker)
         if problems:
             return problems
         after, config = self.sets[k], self.config
-        priced = len(self.check_costs_s) < _PRICED_FIRST or self.current.checked % _PRICE_EVERY == 0
+        priced = len(self.pricing.costs_s) < _PRICED_FIRST or self.current.checked % _PRICE_EVERY == 0
         if priced:
             synchronize(config.device)
         started = time.perf_counter()
@@ -343,14 +370,26 @@ class Feeder:
                 problems += correctness.describe_changed_inputs(correctness.changed_inputs(made, after), config.may_write)
         if priced:
             synchronize(config.device)
-            self._price_checks(time.perf_counter() - started)
+            self.pricing.add_cost(time.perf_counter() - started)
         return problems
 
-    def _price_checks(self, took_s: float) -> None:
-        """The checks' cost so far sets how often the next calls are checked (``CHECK_FREE_S``)."""
-        self.check_costs_s = [*self.check_costs_s[-(_COSTS_KEPT - 1):], took_s]
-        cost_s = statistics.median(self.check_costs_s)
-        self.check_share = 1.0 if cost_s <= CHECK_FREE_S else max(MIN_CHECK_SHARE, CHECK_FREE_S / cost_s)
+    def _check_kinds(self, outcome: Outcome) -> list[str]:
+        """Every call's outputs, by what its child says of them: the reference's structure, and
+        each a tensor of the reference's dtype and shape (or a plain value where it returns one).
+        A case's own checker may take other dtypes and shapes: then only tensors against values."""
+        problems = correctness.compare_structure(outcome.structure, self.expected_structure)
+        if problems:
+            return problems
+        if len(outcome.leaves) != len(self.expected_leaves):
+            return [f"returned {len(outcome.leaves)} output(s), the reference returns {len(self.expected_leaves)}"]
+        for i, (leaf, expected) in enumerate(zip(outcome.leaves, self.expected_leaves)):
+            if (leaf[0] == "value") != (expected is None):
+                problems.append(f"output {i} is {'a plain value' if leaf[0] == 'value' else 'a tensor'}, the reference returns"
+                                f" {'a plain value' if expected is None else 'a tensor'}")
+            elif expected is not None and not self.config.checker and (leaf[1], list(leaf[2])) != expected:
+                problems.append(f"output {i} is a {leaf[1]} tensor of shape {tuple(leaf[2])}, the reference's a {expected[0]} of shape"
+                                f" {tuple(expected[1])}")
+        return problems
 
 
 def choose_layout(args: tuple, outputs: tuple, device: str, wanted: int, rng: Any, any_dtype: bool = False) -> Layout:

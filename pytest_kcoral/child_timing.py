@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -100,12 +101,15 @@ class FedSets:
             raise FeedError("the trusted child ended the feed: " + str(reply.get("error") if isinstance(reply, dict) else reply)[:2000])
         return reply
 
-    def refresh(self, k: int) -> None:
+    def refresh(self, k: int) -> float:
         """Set ``k``'s fresh values, written by the trusted child once it has judged the last
-        call (whose outputs the slot holds: copied and synchronized before it reads them)."""
+        call (whose outputs the slot holds: copied and synchronized before it reads them). The
+        microseconds spent waiting for its answer: the trusted child's work, not the call's."""
         synchronize(self.device)
+        started = time.perf_counter()
         self._ask({"op": "call", "set": k, "prev": self._outcome.to_wire() if self._outcome is not None else None})
         self._outcome = None
+        return (time.perf_counter() - started) * 1e6
 
     def keep(self, k: int, out: Any, problems: list[str]) -> None:
         """A timed call's outputs, copied to the slot, and its outcome, reported with the next

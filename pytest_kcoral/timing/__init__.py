@@ -56,6 +56,9 @@ _FIRST_CHECK = 20  # fewer samples than this never end the loop early
 _CHECK_GROWTH = {"cupti": 1.0}
 _CHECK_GROWTH_DEFAULT = 0.25
 
+# ``refresh(i)``: set ``i``'s fresh values; it may return the microseconds spent in another process
+Refresh = Callable[[int], "float | None"]
+
 __all__ = [
     "HOST_SLACK_US",
     "RSE_TARGET",
@@ -121,7 +124,7 @@ def measure(
     call: Callable[[int], Any],
     *,
     n_sets: int,
-    refresh: Callable[[int], None] | None = None,
+    refresh: Refresh | None = None,
     on_output: Callable[[int, Any], None] | None = None,
     device: str = "cpu",
     method: str | None = None,
@@ -137,7 +140,8 @@ def measure(
     """Time ``call(i)`` for input sets ``i`` in ``range(n_sets)``, rotating through them.
 
     ``refresh(i)`` gives set ``i`` fresh values and runs outside the timed window, before every
-    timed call. ``on_output(i, out)`` receives each timed call's output, also outside the window,
+    timed call; it may return the microseconds of it spent waiting for another process (the
+    trusted child's feed), which are not the call's time outside its window. ``on_output(i, out)`` receives each timed call's output, also outside the window,
     so the caller can verify it. ``method`` forces a timer ("cupti", "events", "wall"); None picks
     the best one available for ``device``. A forced method that cannot run raises
     ``TimerUnavailable``; with ``method=None`` a CUPTI failure falls back to events and says so
@@ -241,7 +245,7 @@ def _sample(
     flags: list[str],
     call: Callable[[int], Any],
     n_sets: int,
-    refresh: Callable[[int], None] | None,
+    refresh: Refresh | None,
     on_output: Callable[[int, Any], None] | None,
     warmup_s: float,
     budget_s: float,
@@ -360,7 +364,7 @@ def _window_function(timer: Any, sync: Callable[[], None] | None, flusher: Calla
 
 
 def _timed_calls(window: Callable[[Callable[[int], Any], int, str], Any], empty: Callable[[int], None], timer: Any,
-                 call: Callable[[int], Any], start: int, n_sets: int, refresh: Callable[[int], None] | None,
+                 call: Callable[[int], Any], start: int, n_sets: int, refresh: Refresh | None,
                  on_output: Callable[[int, Any], None] | None, budget_s: float, min_samples: int, max_samples: int, rse_target: float,
                  roles: list[str], host_us: list[float], direct_us: list[Any], outside_us: list[float]) -> bool:
     """The timed calls, input set ``(start + n) % n_sets`` for the ``n``-th, until ``budget_s``
@@ -378,15 +382,15 @@ def _timed_calls(window: Callable[[Callable[[int], Any], int, str], Any], empty:
         # before the next inputs exist, within this turn's account, and never between a
         # window and the check of that window's output
         out = None
-        if refresh is not None:
-            refresh(k)
+        elsewhere_us = refresh(k) if refresh is not None else None
         out = window(call, k, "timed")
         if on_output is not None:
             on_output(k, out)
         # what the call's turn took beyond its window: the refresh, the flush, the drop of the
         # last output, the output's check; the same harness on both sides, so a candidate's
-        # excess is work done where it is not timed (``outside_window_excess``)
-        outside_us.append((perf() - loop_start) * 1e6 - host_us[-1])
+        # excess is work done where it is not timed (``outside_window_excess``). A refresh's wait
+        # for another process (the trusted child's feed) is that process's work, not the call's.
+        outside_us.append((perf() - loop_start) * 1e6 - host_us[-1] - (elsewhere_us or 0.0))
         n += 1
         if n % _CALIBRATE_EVERY == 0:
             window(empty, 0, "empty")
