@@ -12,6 +12,7 @@ and the messages.
 from __future__ import annotations
 
 import argparse
+import os
 import multiprocessing as mp
 import select
 import socket
@@ -30,6 +31,7 @@ def _trusted(sock: socket.socket, device: str, n: int, out: mp.Queue) -> None:
     from pytest_kcoral.case_runtime import CaseRuntime
     from pytest_kcoral.child import Unpredictable
     from pytest_kcoral.child_feeder import Feeder
+    from pytest_kcoral.child_judges import Pricing, TimedCalls
     from pytest_kcoral.feed import FeedChannel
     from pytest_kcoral.messages import FeedPeer, ToleranceSpec
 
@@ -40,14 +42,25 @@ def _trusted(sock: socket.socket, device: str, n: int, out: mp.Queue) -> None:
     case = CaseRuntime({"format": "native", "source": str(CASE), "device": device, "device_kind": kind})
     config = FeedPeer(peer="candidate", shape={"n": n}, device=device, tolerance=ToleranceSpec(atol=None, rtol=None), inplace=[],
                       written_inputs=[], may_write=[])
-    feeder = Feeder(case, FeedChannel(sock), config, Unpredictable())
+    feeder = Feeder(case, FeedChannel(sock), config, TimedCalls(case, config, Unpredictable(), Pricing()))
+    profile = None
+    if os.environ.get("KCORAL_FEED_PROFILE"):  # where the trusted child's time goes, function by function
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     work_us = []
     while feeder.open:
         select.select([sock], [], [])  # as the trusted child's loop waits: the request is there
         started = time.perf_counter()
         feeder.serve_one()
         work_us.append((time.perf_counter() - started) * 1e6)
-    rounds = feeder.report(final=True)
+    if profile is not None:
+        import pstats
+
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(22)
+    rounds = feeder.report(final=True).rounds
     out.put({"trusted_us": statistics.median(work_us[2:-1]) if len(work_us) > 3 else None,
              "checked": sum(r.checked for r in rounds), "calls": sum(r.calls for r in rounds), "problems": [p for r in rounds for p in r.problems][:3]})
 
@@ -64,7 +77,7 @@ def _fed(sock: socket.socket, device: str, n: int, calls: int, out: mp.Queue) ->
         torch.cuda.set_device(device)
     command = Time(shape={"n": n}, device=device, budget_s=1.0, timer=None, verify=0, written_inputs=[], fed=True)
     started = time.perf_counter()
-    sets = FedSets(FeedChannel(sock), command, device, lambda _shape, args: (lambda: args[0] + args[1]))
+    sets = FedSets(FeedChannel(sock), {"n": n}, 3, device, lambda _shape, args: (lambda: args[0] + args[1]))
     setup_ms = (time.perf_counter() - started) * 1e3
     trips = []
     for i in range(calls):

@@ -5,7 +5,8 @@
 #   bash bench/gpu_check.sh "$OUT" suites attacks  (the next call, while the machine is still warm)
 # Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), suites (KernelBench and GPU MODE
 # on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), probe (where a child's timing rounds
-# lose their calls, ~1 min), throughput (old tree against new, ~2 min), kernelbench (a call of its
+# lose their calls, ~1 min), feed (the trusted feed over CUDA IPC and its cost per call, ~1 min),
+# throughput (old tree against new, ~2 min), kernelbench (a call of its
 # own), noise (process noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
 # for host-set items; five since session 16, not yet timed at this budget), events (the events' own
 # cost, ~10 s), scaling (the seen shapes of every bundled case with 1, 1 again, 2 and 4 workers;
@@ -46,6 +47,11 @@ for part in $parts; do
         timeout -s INT -k 20 400 python3 -m pytest tests/adversarial/test_attacks_gpu.py -q -p no:cacheprovider -rs --tb=short \
             --durations=8 > "$out/gpu_attacks.log" 2>&1
         pytest_summary "$out/gpu_attacks.log" ;;
+    feed)   # the trusted feed over CUDA IPC: its test, and what a fed call costs (~1 min)
+        timeout 120 python3 -m pytest tests/test_feed.py -q -p no:cacheprovider -rs --tb=short > "$out/feed_test.log" 2>&1
+        pytest_summary "$out/feed_test.log"
+        timeout 120 python3 bench/feed_cost.py --device cuda:0 --calls 2000 > "$out/feed_cost.log" 2>&1
+        cat "$out/feed_cost.log" ;;
     probe)  # timing rounds in a plain process and in a grading child, by variant (~1 min)
         timeout 150 python3 bench/round_probe.py > "$out/round_probe.log" 2>&1
         cat "$out/round_probe.log" ;;

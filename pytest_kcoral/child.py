@@ -25,11 +25,14 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_kcoral import child_trusted, confine, correctness, leftovers, protocol, tamper, timing
+from pytest_kcoral import child_trusted, confine, leftovers, protocol, tamper, timing
 from pytest_kcoral.case_runtime import BaselineRuntime, CandidateError, CandidateRuntime, CaseRuntime
-from pytest_kcoral.child_feeder import Feeder, Pricing
-from pytest_kcoral.child_outputs import aliases, clone_values, flatten_outputs, inspect_outputs, keep_large_allocations_on_heap, poison, synchronize, to_cpu
+from pytest_kcoral.child_feeder import Feeder
+from pytest_kcoral.child_judges import Pricing, TimedCalls, TrialCalls
+from pytest_kcoral.child_outputs import keep_large_allocations_on_heap
+from pytest_kcoral.child_run import run_trials
 from pytest_kcoral.child_timing import FedSets, OwnSets, new_own_sets, sets_key, time_round
+from pytest_kcoral.child_trusted import KeptTrials
 from pytest_kcoral.feed import FeedChannel
 from pytest_kcoral.messages import (
     Attached,
@@ -52,11 +55,9 @@ from pytest_kcoral.messages import (
     Reference,
     Run,
     RunReply,
-    RunResults,
     Time,
     parse_command,
 )
-from pytest_kcoral.timing import guards
 
 TRUSTED = "trusted"
 CANDIDATE = "candidate"
@@ -248,6 +249,7 @@ class _Runner:
         self._feed: FeedChannel | None = None  # a fed child's: its socket to the trusted child (``AttachFeed``)
         self.feeders: dict[str, Feeder] = {}  # the trusted child's: the children it feeds, by role (``FeedPeer``)
         self.pricing: tuple[str, Pricing] | None = None  # the trusted child's: how often its item's timed calls are checked
+        self.kept_trials = KeptTrials()  # the trusted child's: the trials kept for feeds (``Reference.keep``)
         self._fds: list[int] = []  # the descriptors that came with the command being served
 
     def serve(self, conn: Connection) -> None:
@@ -323,7 +325,7 @@ class _Runner:
         if isinstance(command, (Reference, Check, Cost, FeedPeer, FeedReport)):
             self._require(TRUSTED)
             if isinstance(command, Reference):
-                return child_trusted.reference(self.case, command)
+                return child_trusted.reference(self.case, command, self.kept_trials)
             if isinstance(command, Check):
                 return child_trusted.check(self.case, command)
             if isinstance(command, FeedPeer):
@@ -364,22 +366,31 @@ class _Runner:
     # -- the feed (``feed.py``) -----------------------------------------------------------------
 
     def _feed_peer(self, command: FeedPeer) -> Feeding:
-        """Feed a child for an item, over the socket that came with the command."""
+        """Feed a child for an item, over the socket that came with the command: its correctness
+        trials (``trials``: their seeds), or its timed calls."""
         old = self.feeders.pop(command.peer, None)
         if old is not None:
             old.close()
-        # both sides of an item are checked alike (``child_feeder.Pricing``)
-        item = json.dumps([command.shape, command.device], sort_keys=True)
-        if self.pricing is None or self.pricing[0] != item:
-            self.pricing = (item, Pricing())  # the item before's goes
-        self.feeders[command.peer] = Feeder(self.case, FeedChannel.from_fd(self._take_fd()), command, _rng, self.pricing[1])
+        judge: TimedCalls | TrialCalls
+        if command.trials:
+            trials = self.kept_trials.get(KeptTrials.key(command.shape, command.trials, command.device))
+            if trials is None:  # this child started after the reference's (the last one failed)
+                trials = child_trusted.make_trials(self.case, command.shape, command.trials, command.written_inputs)
+            judge = TrialCalls(self.case, command, _rng, trials)
+        else:
+            # both sides of an item are checked alike (``child_judges.Pricing``)
+            item = json.dumps([command.shape, command.device], sort_keys=True)
+            if self.pricing is None or self.pricing[0] != item:
+                self.pricing = (item, Pricing())  # the item before's goes
+            judge = TimedCalls(self.case, command, _rng, self.pricing[1])
+        self.feeders[command.peer] = Feeder(self.case, FeedChannel.from_fd(self._take_fd()), command, judge)
         return Feeding()
 
     def _feed_report(self, command: FeedReport) -> FeedReportReply:
         feeder = self.feeders.get(command.peer)
         if feeder is None:  # never attached: its side failed before
             return FeedReportReply(rounds=[])
-        reply = FeedReportReply(rounds=feeder.report(command.final), error=feeder.error)
+        reply = feeder.report(command.final)
         if command.final:
             del self.feeders[command.peer]
         return reply
@@ -464,40 +475,12 @@ class _Runner:
         return Finished()
 
     def _run(self, command: Run) -> RunReply:
-        """Run the candidate once per input set; report outputs, the inputs it changed and findings."""
+        """Run the candidate once per trial (``child_run``); report outputs (unless fed), the
+        inputs it changed and findings."""
         self._require(CANDIDATE, BASELINE)
-        import torch  # as in ``__init__``
-
         candidate = self._loaded()
         self._drop_timing_sets()  # an item's timing draws its own sets (see ``_finish``)
-        shape, device = command.shape, self.device
-        written_inputs = command.written_inputs
-        allowed_aliases = {(int(i), int(j)) for i, j in command.allowed_aliases}
-        outputs, inputs_changed, findings, structures, written, output_aliases = [], [], [], [], [], []
-        for cpu_args in command.payload.inputs:
-            # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
-            # wrote: a copy made on the device, not a second transfer from the host
-            args = tuple(t.to(device, copy=True) if isinstance(t, torch.Tensor) else t for t in cpu_args)
-            before = clone_values(args)
-            fn = candidate.bind(shape, args)
-            poison(command.poison_bytes, device)
-            with guards.gc_disabled():  # as in the timing loop: gc's state cannot tell checked calls from timed ones
-                out = fn()
-                synchronize(device)
-            # flattened once: a container of the candidate's could yield other values a second time
-            out_tuple, structure = flatten_outputs(out)
-            problems = inspect_outputs(out_tuple, args, device, allowed_aliases)
-            structures.append(structure)
-            findings.append(problems)
-            outputs.append(to_cpu(out_tuple) if not problems else None)
-            written.append(to_cpu(tuple(args[j] for j in written_inputs)) if not problems else None)
-            inputs_changed.append(correctness.changed_inputs(before, args))
-            # which outputs are inputs: a GPU MODE kernel may write the output buffer its data carries
-            # (only for plain dense outputs: a sparse one, say, has no storage to compare)
-            output_aliases.append([list(pair) for pair in sorted(aliases(out_tuple, args))] if not problems else [])
-        return RunReply(findings=findings, inputs_changed=inputs_changed, structures=structures, output_aliases=output_aliases,
-                        parameters_differ=getattr(candidate, "parameters_differ", None),
-                        payload=RunResults(outputs=outputs, written=written))
+        return run_trials(command, candidate.bind, self.device, getattr(candidate, "parameters_differ", None), self._feed)
 
     def _time(self, command: Time) -> Message:
         """One timing round (``child_timing``). The baseline's kept outputs are kept as the
@@ -509,7 +492,7 @@ class _Runner:
             if command.fed:
                 if self._feed is None:
                     raise RuntimeError("a fed time command before attach_feed")
-                self._timing_sets = FedSets(self._feed, command, self.device, candidate.bind)
+                self._timing_sets = FedSets(self._feed, command.shape, command.n_sets, self.device, candidate.bind)
             else:
                 self._timing_sets = new_own_sets(self.case, command, self.device, _rng, candidate.bind)
         return time_round(self._timing_sets, self.case, command, self.device, _rng)

@@ -133,11 +133,18 @@ def require_plain_outputs(values: tuple, who: str) -> None:
 
 
 def _overlaps(a: Any, b: Any) -> bool:
+    """Whether two tensors' bytes overlap: their own spans, not their storages' (a fed child's
+    inputs are views of one region, ``shared_memory``)."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
         return False
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    a0, b0 = sa.data_ptr(), sb.data_ptr()
-    return bool(a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes())
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return bool(a0 < b0 + _span(b) and b0 < a0 + _span(a))
+
+
+def _span(t: Any) -> int:
+    """Bytes from a tensor's first element to just past its last (strides of any sign)."""
+    reach = sum((d - 1) * abs(s) for d, s in zip(t.shape, t.stride()))
+    return int((reach + 1) * t.element_size())
 
 
 def poison(nbytes: list[int], device: str) -> None:

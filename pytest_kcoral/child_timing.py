@@ -68,13 +68,14 @@ class FedSets:
     regions, builds its tensors there, and only asks for a set's fresh values and reports what a
     call returned."""
 
-    def __init__(self, channel: FeedChannel, command: Time, device: str, bind: Callable[[dict[str, Any], tuple], Callable[[], Any]]) -> None:
+    def __init__(self, channel: FeedChannel, shape: dict[str, Any], n_sets: int, device: str,
+                 bind: Callable[[dict[str, Any], tuple], Callable[[], Any]]) -> None:
         import torch
 
-        self.key = sets_key(command, device)
+        self.key = json.dumps(shape, sort_keys=True), n_sets, device  # as ``sets_key``
         self.channel = channel
         self.device = device
-        layout = Layout.from_wire(self._ask({"op": "hello", "sets": command.n_sets})["layout"])
+        layout = Layout.from_wire(self._ask({"op": "hello", "sets": n_sets})["layout"])
         self.regions = {kind: Region(nbytes, device if kind == "cuda" else "cpu") for kind, nbytes in layout.region_bytes.items()}
         host = self.regions.get("cpu")
         self._ask({"op": "map", "regions": {kind: r.info.to_wire() for kind, r in self.regions.items()}},
@@ -86,7 +87,7 @@ class FedSets:
         self.sets = [tuple(view(p) if isinstance(p, TensorPlace) else p[1] for p in inputs) for inputs in layout.sets]
         self.slot = layout.slot
         self._slot_views: dict[tuple[int, Any, tuple[int, ...]], Any] = {}  # by output, dtype and shape
-        self.fns = [bind(command.shape, args) for args in self.sets]
+        self.fns = [bind(shape, args) for args in self.sets]
         # a small set's outputs stay alive until its next call, so they too rotate over addresses
         self.rotate_outputs = str(device).startswith("cuda") and len(self.sets) == placement.SMALL_SET_COUNT
         self._outputs: dict[int, Any] = {}
@@ -111,14 +112,15 @@ class FedSets:
         self._outcome = None
         return (time.perf_counter() - started) * 1e6
 
-    def keep(self, k: int, out: Any, problems: list[str]) -> None:
-        """A timed call's outputs, copied to the slot, and its outcome, reported with the next
-        request. ``problems``: what ``inspect_outputs`` found (then nothing is copied)."""
+    def keep(self, k: int, out: Any, problems: list[str], aliases: list[list[int]] | None = None) -> None:
+        """A call's outputs, copied to the slot, and its outcome, reported with the next request.
+        ``problems``: what ``inspect_outputs`` found (then nothing is copied); ``aliases``: the
+        [output, input] pairs that share memory."""
         values, structure = flatten_outputs(out)
         reported: list[Any] = []
         if not problems:
             # a torch mode pushed by the candidate would run inside the copies below, outside the window
-            guards.refuse_modes("after a timed call")
+            guards.refuse_modes("after the candidate's call")
             for i, value in enumerate(values):
                 if not hasattr(value, "dtype"):
                     reported.append(("value", value))
@@ -130,7 +132,7 @@ class FedSets:
                 else:
                     target.copy_(value)
                     reported.append(("slot", *dtype_and_shape))
-        self._outcome = Outcome(k, structure, reported, problems)
+        self._outcome = Outcome(k, structure, reported, problems, aliases or [])
         if self.rotate_outputs:
             self._outputs[k] = out
 

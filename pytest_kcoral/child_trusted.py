@@ -7,6 +7,9 @@ torch is imported inside the functions, as in ``child_outputs``.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_kcoral import checker, correctness, host_memory, physical_floor, speed_of_light
@@ -15,9 +18,56 @@ from pytest_kcoral.child_outputs import aliases, check_inplace_indices, clone_va
 from pytest_kcoral.messages import Check, CheckReply, Cost, CostReply, Reference, ReferenceReply, ReferenceResults
 
 UNSTEADY_SHOWN = 3  # lines of how a second call of the reference disagreed
+KEPT_SHAPES = 2  # the trials kept on the device for feeds (``KeptTrials``): the item's shape, and the one before
 
 
-def reference(case: CaseRuntime, command: Reference) -> ReferenceReply:
+@dataclass
+class Trials:
+    """One shape's correctness trials as the trusted child made them, kept on the device to feed
+    a candidate's and the baseline's child (``child_feeder``): per trial the inputs (never run
+    on), the reference's outputs and the INPLACE inputs it wrote."""
+
+    inputs: list[tuple]
+    reference: list[tuple]
+    written: list[tuple]
+    structure: Any
+
+
+class KeptTrials:
+    """The trials ``reference`` kept (``Reference.keep``), by shape, seeds and device, the latest few."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[str, Trials] = OrderedDict()
+
+    @staticmethod
+    def key(shape: dict[str, Any], seeds: list[int], device: str) -> str:
+        return json.dumps([shape, seeds, device], sort_keys=True)
+
+    def put(self, key: str, trials: Trials) -> None:
+        self._kept[key] = trials
+        self._kept.move_to_end(key)
+        while len(self._kept) > KEPT_SHAPES:
+            self._kept.popitem(last=False)
+
+    def get(self, key: str) -> Trials | None:
+        return self._kept.get(key)
+
+
+def make_trials(case: CaseRuntime, shape: dict[str, Any], seeds: list[int], written_inputs: list[int]) -> Trials:
+    """The trials ``reference`` made for ``seeds``, made again (a trusted child started since:
+    the inputs are seeded, and the reference answers alike, or its case failed as unsteady)."""
+    inputs, refs, written, structure = [], [], [], None
+    for seed in seeds:
+        args = case.make_inputs(shape, seed)
+        ref_args = clone_values(args)
+        ref, structure = flatten_outputs(case.reference(shape, ref_args))
+        inputs.append(args)
+        refs.append(ref)
+        written.append(tuple(ref_args[j] for j in written_inputs))
+    return Trials(inputs, refs, written, structure)
+
+
+def reference(case: CaseRuntime, command: Reference, kept: KeptTrials | None = None) -> ReferenceReply:
     """Inputs and the reference's outputs for each seed. With a ``tolerance`` also the verdicts
     that need nothing from a candidate, reached here on the device so the tensors they read never
     cross the wire: the baseline's problems against the reference (with ``baseline``), whether
@@ -35,13 +85,16 @@ def reference(case: CaseRuntime, command: Reference) -> ReferenceReply:
     baseline_raised = False
     output_aliases: set[tuple[int, int]] = set()
     after_calls, written = [], set()
+    # kept where they are for a feed, else to the host now: the next trial's tensors take their place
+    here = (lambda values: values) if command.keep else to_cpu
     for t, seed in enumerate(command.seeds):
         args = case.make_inputs(shape, seed)
         check_inplace_indices(inplace, args)
         ref_args = clone_values(args)
         ref, structure = flatten_outputs(case.reference(shape, ref_args))
         require_plain_outputs(ref, "reference")
-        if t == 0 and command.check_host_memory:  # before the other trials take their share
+        # before the other trials take their share; kept on a GPU, nothing crosses to the host
+        if t == 0 and command.check_host_memory and not (command.keep and command.device.startswith("cuda")):
             on_cpu = command.device == "cpu"
             trial_bytes = host_memory.tensor_bytes(args) + host_memory.tensor_bytes(ref)
             held_bytes = trial_bytes + host_memory.tensor_bytes(ref_args) if on_cpu else 0
@@ -52,7 +105,7 @@ def reference(case: CaseRuntime, command: Reference) -> ReferenceReply:
         # an INPLACE input the reference writes is a result (``x.add_(y)``), not scratch
         wrote = [j for j, _ in correctness.changed_inputs(args, ref_args) if j in inplace]
         written.update(wrote)
-        after_calls.append(dict(zip(kept_inputs, to_cpu(tuple(ref_args[j] for j in kept_inputs)))))
+        after_calls.append(dict(zip(kept_inputs, here(tuple(ref_args[j] for j in kept_inputs)))))
         if tol is not None:
             if t == 0:  # no candidate can match a reference that answers one input two ways
                 unsteady = correctness.compare_outputs(leaves(case.reference(shape, clone_values(args))), ref, tol)
@@ -61,14 +114,25 @@ def reference(case: CaseRuntime, command: Reference) -> ReferenceReply:
                 problems, raised = baseline_problems_on(case, shape, args, ref, tuple(ref_args[j] for j in wrote), wrote, inplace, tol)
                 baseline_problems += [f"trial {t + 1}: {p}" for p in problems]
                 baseline_raised = baseline_raised or raised
-        refs.append(to_cpu(ref))
-        inputs.append(to_cpu(args))
+        refs.append(here(ref))
+        inputs.append(here(args))
     # in every trial, once one trial wrote it
     written_inputs = command.written_inputs if command.written_inputs is not None else sorted(written)
+    written_values = [tuple(after[j] for j in written_inputs) for after in after_calls]
+    results = ReferenceResults(inputs=inputs, reference=refs, written=written_values)
+    if command.keep:
+        if kept is not None:
+            kept.put(KeptTrials.key(command.shape, command.seeds, command.device), Trials(inputs, refs, written_values, structure))
+        results = ReferenceResults(inputs=[], reference=[], written=[])
     return ReferenceReply(
         baseline_problems=baseline_problems, baseline_raised=baseline_raised, weak=weak, structure=structure,
         unsteady=unsteady[:UNSTEADY_SHOWN], written_inputs=written_inputs, output_aliases=[list(p) for p in sorted(output_aliases)],
-        payload=ReferenceResults(inputs=inputs, reference=refs, written=[tuple(after[j] for j in written_inputs) for after in after_calls]),
+        payload=results,
+        # one trial's sizes, for what the pytest process decides without the tensors
+        input_bytes=[host_memory.tensor_bytes((a,)) for a in inputs[0]] if inputs else [],
+        output_bytes=[host_memory.tensor_bytes((r,)) for r in refs[0]] if refs else [],
+        written_bytes=host_memory.tensor_bytes(written_values[0]) if written_values else 0,
+        returns_nothing=all(v is None for ref in refs for v in ref),
     )
 
 

@@ -178,6 +178,10 @@ class LocalChildren:
         budget.hold(child)
         return self.trusted_children.keep(key, child)
 
+    def kept_trusted(self, case: Case) -> Child | None:
+        """The case's trusted child as kept, none started: the one that fed an item's side."""
+        return self.trusted_children.peek((case.case_id, case.content_hash))
+
     def forget(self, child: Transport) -> None:
         """Never reuse a kept child that failed: it may be dead, hung or in a bad state."""
         self.trusted_children.forget(child)
@@ -207,6 +211,9 @@ class LocalProcesses:
 
     def trusted(self) -> Transport:
         return self.children.trusted(self.ctx.spec.case, self.ctx.budget)
+
+    def kept_trusted(self) -> Transport | None:
+        return self.children.kept_trusted(self.ctx.spec.case)
 
     def forget(self, process: Transport) -> None:
         self.children.forget(process)

@@ -31,7 +31,7 @@ import select
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_FRAME_BYTES = 1 << 20  # a frame holds a few numbers per tensor: more is a child flooding the channel
@@ -228,18 +228,22 @@ class Outcome:
     structure: Any
     leaves: list[Any]  # ("slot", dtype, shape) | ("value", v) | ("tensor", dtype, shape)
     problems: list[str]
+    aliases: list[list[int]] = field(default_factory=list)  # [output, input] pairs that share memory
 
     def to_wire(self) -> dict[str, Any]:
         keys = {"slot": "s", "tensor": "t"}
         leaves = [{"v": leaf[1]} if leaf[0] == "value" else {keys[leaf[0]]: [leaf[1], leaf[2]]} for leaf in self.leaves]
-        return {"set": self.set_index, "structure": self.structure, "leaves": leaves, "problems": self.problems}
+        return {"set": self.set_index, "structure": self.structure, "leaves": leaves, "problems": self.problems, "aliases": self.aliases}
 
     @classmethod
     def parse(cls, value: Any, n_sets: int, max_leaves: int) -> Outcome:
         """From the fed child: ``FeedError`` unless every field is what ``to_wire`` makes."""
-        if not isinstance(value, dict) or set(value) != {"set", "structure", "leaves", "problems"}:
+        if not isinstance(value, dict) or set(value) != {"set", "structure", "leaves", "problems", "aliases"}:
             raise FeedError(f"a call's outcome is not an outcome: {str(value)[:120]}")
-        set_index, leaves, problems = value["set"], value["leaves"], value["problems"]
+        set_index, leaves, problems, aliases = value["set"], value["leaves"], value["problems"], value["aliases"]
+        if not (isinstance(aliases, list) and len(aliases) <= 4096
+                and all(isinstance(a, list) and len(a) == 2 and all(type(i) is int and i >= 0 for i in a) for a in aliases)):
+            raise FeedError("a call's outcome lists its outputs' aliases unreadably")
         if type(set_index) is not int or not 0 <= set_index < n_sets:
             raise FeedError(f"a call's outcome names input set {set_index!r} of {n_sets}")
         if not isinstance(leaves, list) or len(leaves) > max_leaves:
@@ -255,7 +259,7 @@ class Outcome:
                 parsed.append(("slot" if key == "s" else "tensor", leaf[key][0], leaf[key][1]))
             else:
                 raise FeedError(f"a call's outcome holds an unreadable output {str(leaf)[:80]}")
-        return cls(set_index, value["structure"], parsed, [p[:500] for p in problems])
+        return cls(set_index, value["structure"], parsed, [p[:500] for p in problems], aliases)
 
 
 def _dtype_and_shape(value: Any) -> bool:

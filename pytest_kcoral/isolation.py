@@ -180,6 +180,12 @@ def _template_alive() -> bool:
     return all(leftovers.is_alive(pid) for pid in (_launched_pid(), _template_pid) if pid is not None)
 
 
+def template_alive() -> bool:
+    """Whether the template runs (or none was started), leaving it as it is (``template_lost`` mends)."""
+    with _template_lock:
+        return not _template_ready or _template_alive()
+
+
 def template_lost() -> bool:
     """True once after the template died (killed by a candidate, most likely: it runs as the same
     user). Its orphans then escape to init, where ``_kill_orphans`` cannot see them: every process
@@ -508,6 +514,14 @@ class Child:
                     os.kill(pid, signal.SIGCONT)
         self._paused_below = []
         return self.process.exitcode is None
+
+    def stopped_by_another(self) -> bool:
+        """Whether the child is stopped though the harness did not pause it (a same-user
+        candidate's SIGSTOP, without Landlock's signal scoping); then it is continued."""
+        if self.paused or self.process.pid is None or not leftovers.is_stopped(self.process.pid):
+            return False
+        self._signal_group(signal.SIGCONT)
+        return True
 
     def _signal_group(self, signum: int) -> None:
         pid = self.process.pid

@@ -82,6 +82,10 @@ class CaseChildren:
             return None
         return child
 
+    def peek(self, key: CaseKey) -> Child | None:
+        """The case's child as kept (alive or not), left in place."""
+        return self._kept.get(key)
+
     def keep(self, key: CaseKey, child: Child) -> Child:
         """``child`` as the most recently used one."""
         self._kept[key] = child

@@ -68,6 +68,11 @@ def parent_of(pid: int) -> int | None:
     return int(fields[1]) if len(fields) > 1 else None
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP, or traced)."""
+    return _state_of(pid) in ("T", "t")
+
+
 def _state_of(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

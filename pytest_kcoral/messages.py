@@ -172,7 +172,10 @@ class Run(Command[RunReply]):
     poison_bytes: list[int]  # NaN-poison blocks of these sizes before each call
     written_inputs: list[int]  # the INPLACE inputs whose values after the call are results
     allowed_aliases: list[list[int]]  # [output, input] pairs that may share memory
-    payload: RunInputs
+    payload: RunInputs  # no inputs when ``fed``
+    # the trusted child feeds each trial's inputs and judges its outputs (``feed.py``, after
+    # ``AttachFeed``): the reply carries no tensors
+    fed: bool = False
 
 
 # -- timing --------------------------------------------------------------------------------------
@@ -265,7 +268,13 @@ class ReferenceReply(Message):
     unsteady: list[str]  # a second call on the first inputs disagreed
     written_inputs: list[int]
     output_aliases: list[list[int]]  # [output, input] pairs where the reference returns an input
-    payload: ReferenceResults
+    payload: ReferenceResults  # empty when ``keep``: the trusted child holds the trials
+    # one trial's sizes: each input's and each output's tensor bytes (0 for a plain value), the
+    # written INPLACE inputs' together
+    input_bytes: list[int] = field(default_factory=list)
+    output_bytes: list[int] = field(default_factory=list)
+    written_bytes: int = 0
+    returns_nothing: bool = False  # every output of every trial is None
 
 
 @dataclass(frozen=True)
@@ -286,6 +295,8 @@ class Reference(Command[ReferenceReply]):
     # item's reference only, and its timing's share counted only when the item is timed
     check_host_memory: bool = False
     timed: bool = True
+    # keep the trials on the device for a feed of them (``FeedPeer.trials``), and send none
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,6 +345,10 @@ class FeedPeer(Command[Feeding]):
     # what the outputs must match: the reference, or for the baseline's own child the baseline
     # itself (one that disagrees with the reference is timed all the same, and judged by its own answers)
     against: Literal["reference", "baseline"] = "reference"
+    # the correctness trials' seeds: feed each trial's inputs (kept by ``Reference.keep``) and judge
+    # its outputs in full; empty: feed timed calls
+    trials: list[int] = field(default_factory=list)
+    aliases_may_write: bool = False  # an input a call returns as an output may be written (GPU MODE's output buffers)
 
 
 @dataclass(frozen=True)
@@ -351,6 +366,12 @@ class FeedRound(Message):
 class FeedReportReply(Message):
     rounds: list[FeedRound]
     error: str = ""  # the case failed while feeding (its make_inputs or reference raised)
+    # a feed of trials: per trial, what is wrong with its outputs and inputs (the fed child's own
+    # findings left to its reply), and what only all of them together tell
+    trials: list[list[str]] = field(default_factory=list)
+    same_kinds: bool = True  # every trial's outputs of the reference's kinds (``correctness.same_kinds``)
+    ignores_inputs: bool = False  # ``correctness.ignores_inputs``
+    constant: str = ""  # ``correctness.constant_where_reference_varies``
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from pytest_kcoral.messages import Finish
 from pytest_kcoral.options import Settings
 from pytest_kcoral.results import ItemResult
 from pytest_kcoral.stage_correctness import check_correctness
-from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData
+from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData, trial_inputs
 from pytest_kcoral.stage_timing import time_item
 from pytest_kcoral.timing import pinning
 
@@ -180,7 +180,7 @@ class LocalExecutor:
                "shape": spec.shape.params}
         with ctx.budget.paused(), timed_phase(result, tool):
             run = self.diagnostics.sanitize if tool == "sanitizer" else self.diagnostics.profile
-            record = run(job, ref.inputs, spec.nodeid)
+            record = run(job, trial_inputs(ctx, ref, LocalProcesses(self.children, ctx), tool), spec.nodeid)
         result.extra.diagnostics = dict(result.extra.diagnostics or {}, **{tool: record})
         if record.get("failure"):  # only the sanitizer's verdict can fail an item
             raise StageFailed("correctness", record["failure"], tool)

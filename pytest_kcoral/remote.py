@@ -166,6 +166,9 @@ class RemoteProcesses:
     def trusted(self) -> Transport:
         return RemoteTrusted(self.executor, self.ctx)
 
+    def kept_trusted(self) -> Transport | None:
+        return None  # each trusted call is a program of its own
+
     def forget(self, process: Transport) -> None:
         process.close()  # each program had a worker of its own, gone with it
 

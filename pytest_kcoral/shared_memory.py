@@ -122,7 +122,7 @@ class Region:
             base, _ = _address_range(ptr)
             handle = _IpcHandle()
             _check(_cuda()[0].cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(base)), "cuIpcGetMemHandle")
-            self.info = RegionInfo("cuda", self.nbytes, bytes(handle.reserved).hex(), ptr - base)
+            self.info = RegionInfo("cuda", self.nbytes, bytes(memoryview(handle)).hex(), ptr - base)  # all 64 bytes, zeros too
         else:
             fd = os.memfd_create("kcoral-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             try:
@@ -164,9 +164,9 @@ class MappedRegion:
             if not device.startswith("cuda"):
                 raise SharedMemoryError(f"a CUDA region offered to a process on {device}")
             handle = _handle_bytes(info.handle)
-            torch.cuda.current_stream(torch.device(device))  # the device's context, current in this thread
+            torch.empty(1, device=device)  # the device's context made and current in this thread
             base = ctypes.c_uint64()
-            _check(_cuda()[1](ctypes.byref(base), _IpcHandle(handle), _CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
+            _check(_cuda()[1](ctypes.byref(base), _IpcHandle.from_buffer_copy(handle), _CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
             self._cuda_base = int(base.value)
             try:
                 _, size = _address_range(self._cuda_base)

@@ -11,40 +11,89 @@ checked for shape here first: a forged report fails the item, never this process
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_kcoral import checker, correctness
 from pytest_kcoral.cases import KERNELBENCH, Case
 from pytest_kcoral.context import ItemContext, StageFailed
 from pytest_kcoral.failures import candidate_call, case_call, one_screen
+from pytest_kcoral.feeding import attach_feed, feed_report
 from pytest_kcoral.messages import Check, CheckReply, RunReply
 from pytest_kcoral.results import CASE_FAILED_PREFIX
 from pytest_kcoral.stage_reference import ReferenceData, correctness_run, reply_limit
 from pytest_kcoral.transport import Processes, Transport
 
 
+@dataclass
+class TrialVerdict:
+    """The correctness trials' verdict: per trial what is wrong (prefixed ``trial t of n``), and
+    what the trials tell together."""
+
+    problems: list[str]
+    same_kinds: bool = True
+    ignores_inputs: bool = False
+    constant: str | None = None
+    parameters_differ: bool | None = None
+
+
 def check_correctness(ctx: ItemContext, candidate: Transport, ref: ReferenceData, processes: Processes) -> None:
     """Run the candidate on every trial's inputs; ``StageFailed`` at correctness with one screen
     of what is wrong."""
-    reply = candidate_call(ctx, candidate, correctness_run(ctx, ref), "correctness", "correctness", reply_limit(ref, len(ref.inputs)))
-    problems = trial_problems(ctx, reply, ref, processes)
-    if ctx.spec.case.format == KERNELBENCH and reply.parameters_differ is True and mostly_wrong(problems, len(ref.inputs)):
+    verdict = run_and_judge(ctx, candidate, "candidate", ref, processes)
+    problems = verdict.problems
+    if ctx.spec.case.format == KERNELBENCH and verdict.parameters_differ is True and mostly_wrong(problems, len(ref.seeds)):
         # ModelNew's child found its weights differ from Model's: it draws them in another
         # order or shape (where they match, the kernel itself is wrong, and the hint would mislead)
         problems.append("hint: most elements differ in every trial: ModelNew's parameters are made under the same seed"
                         " as Model's, so they match only when ModelNew creates the same parameters, in the same order and shapes")
-    outputs = reply.payload.outputs
     # what explains wrong values goes first; after a wrong kind of output (an int where the
     # reference returns a tensor) it is a footnote
-    first = 0 if correctness.same_kinds(outputs, ref.reference) else len(problems)
-    if correctness.ignores_inputs(outputs, ref.reference):
+    first = 0 if verdict.same_kinds else len(problems)
+    if verdict.ignores_inputs:
         problems.insert(first, "the output does not depend on the inputs: every input set gave the same output, the reference's differ")
-    constant = correctness.constant_where_reference_varies(outputs, ref.reference, ctx.tolerance)
-    if constant:
+    if verdict.constant:
         weak = " (this case is weak: zeros or a constant match its reference within tolerance)" if ref.weak else ""
-        problems.insert(first, constant + weak)
+        problems.insert(first, verdict.constant + weak)
     if problems:
         raise StageFailed("correctness", one_screen(problems), "correctness")
+
+
+def run_and_judge(ctx: ItemContext, side: Transport, peer: str, ref: ReferenceData, processes: Processes) -> TrialVerdict:
+    """``side`` (the candidate's process, or the baseline's) run on every trial, and judged: by the
+    trusted child, which feeds the trials it kept (``feeding``), or here, on the outputs the
+    side sends back (a KCoral program)."""
+    run = correctness_run(ctx, ref)
+    stage = "correctness" if peer == "candidate" else "timing"
+
+    def call() -> RunReply:
+        if peer == "candidate":
+            return candidate_call(ctx, side, run, "correctness", "correctness", reply_limit(ref, len(ref.seeds)))
+        return case_call(ctx, processes, run, "baseline", side)
+
+    if not ref.kept:
+        reply = call()
+        outputs = reply.payload.outputs
+        if peer != "candidate":  # the case's own code: its outputs against the reference's, no more
+            return TrialVerdict(run_problems(reply, ref, ctx.tolerance))
+        return TrialVerdict(trial_problems(ctx, reply, ref, processes), correctness.same_kinds(outputs, ref.reference),
+                            correctness.ignores_inputs(outputs, ref.reference),
+                            correctness.constant_where_reference_varies(outputs, ref.reference, ctx.tolerance), reply.parameters_differ)
+    attach_feed(ctx, processes, ref, peer, side, stage, trials=True)
+    try:
+        reply = call()
+    except StageFailed as failure:
+        if not failure.case_failed:
+            feed_report(ctx, processes, peer, stage, after_failure=True)  # raises the case's failure, if feeding found one
+        raise
+    judged = feed_report(ctx, processes, peer, stage)
+    trials = len(ref.seeds)
+    if len(reply.findings) != trials or len(judged.trials) != trials:
+        raise StageFailed(stage, f"the {peer}'s child reported {len(reply.findings)} trials, the trusted child fed {trials}"
+                          " (results forged?)", "correctness" if peer == "candidate" else "baseline", case_failed=peer != "candidate")
+    problems = [f"trial {t + 1} of {trials}: {p}" for t in range(trials) for p in (reply.findings[t] or judged.trials[t])]
+    problems += [f"the feed of trials broke: {r.closed}" for r in judged.rounds if r.closed]
+    return TrialVerdict(problems, judged.same_kinds, judged.ignores_inputs, judged.constant or None, reply.parameters_differ)
 
 
 def trial_problems(ctx: ItemContext, reply: RunReply, ref: ReferenceData, processes: Processes) -> list[str]:
@@ -88,13 +137,11 @@ def trial_problems(ctx: ItemContext, reply: RunReply, ref: ReferenceData, proces
 def baseline_goes_the_candidates_way(ctx: ItemContext, baseline: Transport, ref: ReferenceData, processes: Processes) -> None:
     """The baseline's process gets the correctness stage's run, as sent to the candidate, before
     it is timed: both sides come to their timing with the same history."""
-    reply = case_call(ctx, processes, correctness_run(ctx, ref), "baseline", baseline)
-    if ref.baseline_correct is not False:  # a baseline found wrong is recorded, and timed all the same
-        problems = run_problems(reply, ref, ctx.tolerance)
-        if problems:
-            raise StageFailed("timing", CASE_FAILED_PREFIX + "its baseline, run on the correctness inputs in the process that times it,"
-                              " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
-                              + one_screen(problems), "baseline", case_failed=True)
+    verdict = run_and_judge(ctx, baseline, "baseline", ref, processes)
+    if ref.baseline_correct is not False and verdict.problems:  # a baseline found wrong is recorded, and timed all the same
+        raise StageFailed("timing", CASE_FAILED_PREFIX + "its baseline, run on the correctness inputs in the process that times it,"
+                          " disagrees with the reference where its check agreed (does it keep state across calls or items?): "
+                          + one_screen(verdict.problems), "baseline", case_failed=True)
 
 
 def may_write(case: Case, reply: RunReply, trial: int) -> tuple[int, ...]:

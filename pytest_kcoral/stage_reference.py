@@ -43,6 +43,14 @@ class ReferenceData:
     # a candidate's output may share memory with that input too
     output_aliases: tuple[tuple[int, int], ...] = ()
     seeds: list[int] = field(default_factory=list)  # each trial's: a case's checker makes its inputs again
+    # one trial's sizes: each input's and output's tensor bytes (0 for a plain value), the written
+    # INPLACE inputs' together; all the pytest process knows of the tensors once they are kept
+    input_bytes: list[int] = field(default_factory=list)
+    output_bytes: list[int] = field(default_factory=list)
+    written_bytes: int = 0
+    # the trusted child holds the trials on the device, for feeds (``context.Plan.fed``); then
+    # ``inputs``, ``reference`` and ``written`` are empty
+    kept: bool = False
 
     def record_into(self, result: ItemResult) -> None:
         """What the reference's side found, known before the candidate runs, into the item."""
@@ -121,7 +129,7 @@ def compute_reference(ctx: ItemContext, processes: Processes) -> ReferenceData:
     reply = case_call(ctx, processes, Reference(
         shape=shape.params, seeds=seeds, device=ctx.device, baseline=check_baseline,
         tolerance=ToleranceSpec(atol=tol.atol, rtol=tol.rtol, strict=tol.strict), inplace=list(case.inplace),
-        check_host_memory=True, timed=ctx.timed,
+        check_host_memory=True, timed=ctx.timed, keep=ctx.plan.fed,
     ), "reference")
     if reply.unsteady:
         raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference is not deterministic: a second call on"
@@ -139,8 +147,12 @@ def compute_reference(ctx: ItemContext, processes: Processes) -> ReferenceData:
         written=reply.payload.written,
         output_aliases=tuple((i, j) for i, j in reply.output_aliases),
         seeds=seeds,
+        input_bytes=reply.input_bytes,
+        output_bytes=reply.output_bytes,
+        written_bytes=reply.written_bytes,
+        kept=ctx.plan.fed,
     )
-    if not data.written_inputs and all(v is None for ref in data.reference for v in ref):
+    if not data.written_inputs and reply.returns_nothing:
         raise StageFailed("correctness", CASE_FAILED_PREFIX + "its reference returns nothing and writes none of its INPLACE"
                           f" inputs ({list(case.inplace) or 'none listed'}): nothing to compare a candidate against", "reference",
                           case_failed=True)
@@ -159,15 +171,14 @@ def untimed_reason(spec: ItemSpec, ref: ReferenceData) -> str | None:
 
 def correctness_run(ctx: ItemContext, ref: ReferenceData) -> Run:
     """The correctness stage's ``run`` command: the candidate's process gets it, and the baseline's
-    process the same before it is timed."""
-    import torch  # here, not at the top: the plugin imports this module at start-up
-
-    poison = [r.numel() * r.element_size() for r in ref.reference[0] if isinstance(r, torch.Tensor)]
+    process the same before it is timed. With the trials kept by the trusted child, the trusted
+    child feeds them (``feeding.attach_feed``), and the command carries none."""
+    poison = [nbytes for nbytes in ref.output_bytes if nbytes]
     aliases = ref.output_aliases
     if ctx.spec.case.output_buffers_in_inputs:  # any output may be an input: ``stage_correctness.may_write`` judges the writes
-        aliases = tuple((i, j) for i in range(len(ref.reference[0])) for j in range(len(ref.inputs[0])))
+        aliases = tuple((i, j) for i in range(len(ref.output_bytes)) for j in range(len(ref.input_bytes)))
     return Run(shape=ctx.spec.shape.params, device=ctx.device, poison_bytes=poison, written_inputs=list(ref.written_inputs),
-               allowed_aliases=[list(pair) for pair in aliases], payload=RunInputs(inputs=ref.inputs))
+               allowed_aliases=[list(pair) for pair in aliases], payload=RunInputs(inputs=[] if ref.kept else ref.inputs), fed=ref.kept)
 
 
 def reply_limit(ref: ReferenceData, results: int) -> int:
@@ -179,7 +190,23 @@ def reply_limit(ref: ReferenceData, results: int) -> int:
 
 def result_bytes(ref: ReferenceData) -> int:
     """Tensor bytes of one result: the reference's outputs and in-place results for one input."""
-    return tensor_bytes(ref.reference[0]) + (tensor_bytes(ref.written[0]) if ref.written else 0)
+    return sum(ref.output_bytes) + ref.written_bytes
+
+
+def item_bytes(ref: ReferenceData) -> int:
+    """What one input set and its results (outputs and in-place results) take."""
+    return sum(ref.input_bytes) + result_bytes(ref)
+
+
+def trial_inputs(ctx: ItemContext, ref: ReferenceData, processes: Processes, phase: str) -> list[Any]:
+    """Every trial's inputs on the host (for a tool that runs the candidate on them: ``diagnostics``):
+    asked of the trusted child again when it keeps them."""
+    if not ref.kept:
+        return ref.inputs
+    shape = ctx.spec.shape
+    reply = case_call(ctx, processes, Reference(shape=shape.params, seeds=ref.seeds, device=ctx.device,
+                                                written_inputs=list(ref.written_inputs)), phase)
+    return reply.payload.inputs
 
 
 def reference_bytes(ref: ReferenceData) -> int:

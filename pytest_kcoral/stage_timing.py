@@ -23,27 +23,23 @@ import random
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from pytest_kcoral import checker, combine, correctness, feed, speed_of_light, speedup_interval
+from pytest_kcoral import checker, combine, correctness, speed_of_light, speedup_interval
 from pytest_kcoral.context import ItemContext, StageFailed, timed_phase
 from pytest_kcoral.failures import candidate_call, case_call, one_screen
-from pytest_kcoral.host_memory import tensor_bytes
+from pytest_kcoral.feeding import attach_feed, feed_report
 from pytest_kcoral.messages import (
-    AttachFeed,
     Check,
     CheckReply,
-    FeedPeer,
-    FeedReport,
     FeedRound,
     Finish,
     Reference,
     Time,
     TimedOutput,
-    ToleranceSpec,
 )
 from pytest_kcoral.options import AUTO_PROCESS_PAIRS
 from pytest_kcoral.results import CASE_FAILED_PREFIX, TimingStats
 from pytest_kcoral.stage_correctness import baseline_goes_the_candidates_way, check_correctness
-from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData, reply_limit, result_bytes, untimed_reason
+from pytest_kcoral.stage_reference import ReferenceCache, ReferenceData, item_bytes, reply_limit, untimed_reason
 from pytest_kcoral.timing.per_call import CPU_ABOVE_WALL_FLAG
 from pytest_kcoral.timing_flags import Flag, flag, has
 from pytest_kcoral.transport import Processes, Transport
@@ -168,12 +164,12 @@ def timed_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref:
         return time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
     sides = {"candidate": candidate, "baseline": baseline}
     for peer, side in sides.items():
-        attach_feed(ctx, processes, ref, peer, side)
+        attach_feed(ctx, processes, ref, peer, side, "timing")
     try:
         pair = time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
     except StageFailed as failure:
         if not failure.case_failed:
-            feed_reports(ctx, processes)  # raises the case's failure, if feeding found one
+            feed_reports(ctx, processes, after_failure=True)  # raises the case's failure, if feeding found one
         raise
     with timed_phase(ctx.result, "verify"):
         try:
@@ -185,41 +181,9 @@ def timed_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref:
     return pair
 
 
-def feed_command(ctx: ItemContext, ref: ReferenceData, peer: str) -> FeedPeer:
-    """What the trusted child needs to feed ``peer`` for the item, and to judge its outputs as the
-    correctness stage judged them."""
-    case, tol = ctx.spec.case, ctx.tolerance
-    may_write = set(case.inplace)
-    if case.output_buffers_in_inputs:  # GPU MODE's data carries the output buffer the reference returns
-        may_write.update(j for _, j in ref.output_aliases)
-    return FeedPeer(peer=peer, shape=ctx.spec.shape.params, device=ctx.device, tolerance=ToleranceSpec(atol=tol.atol, rtol=tol.rtol, strict=tol.strict),
-                    inplace=list(case.inplace), written_inputs=list(ref.written_inputs), may_write=sorted(may_write),
-                    checker=bool(case.checker), against="baseline" if peer == "baseline" else "reference")
-
-
-def attach_feed(ctx: ItemContext, processes: Processes, ref: ReferenceData, peer: str, side: Transport) -> None:
-    """A socket pair for the item: one end to the trusted child, to feed ``side`` by; the other to
-    ``side`` (the candidate's process, or the baseline's)."""
-    trusted_end, side_end = feed.socket_pair()
-    with trusted_end, side_end:
-        case_call(ctx, processes, feed_command(ctx, ref, peer), "feed", fds=[trusted_end.fileno()])
-        if peer == "candidate":
-            candidate_call(ctx, side, AttachFeed(), "timing", "timing", fds=[side_end.fileno()])
-        else:
-            case_call(ctx, processes, AttachFeed(), "baseline", side, fds=[side_end.fileno()])
-
-
-def feed_reports(ctx: ItemContext, processes: Processes) -> dict[str, list[FeedRound]]:
-    """The trusted child's account of each side's fed rounds, the feeds then closed; the case's
-    failure when its own code failed while feeding (its make_inputs, its reference)."""
-    reports = {}
-    for peer in combine.SIDES:
-        reply = case_call(ctx, processes, FeedReport(peer=peer, final=True), "feed")
-        if reply.error:
-            raise StageFailed("timing", CASE_FAILED_PREFIX + f"while feeding the {peer}'s timed calls: {reply.error}", "feed",
-                              case_failed=True)
-        reports[peer] = reply.rounds
-    return reports
+def feed_reports(ctx: ItemContext, processes: Processes, after_failure: bool = False) -> dict[str, list[FeedRound]]:
+    """Each side's fed rounds, as the trusted child saw them (``feeding.feed_report``)."""
+    return {peer: feed_report(ctx, processes, peer, "timing", after_failure).rounds for peer in combine.SIDES}
 
 
 def judge_feeds(ctx: ItemContext, pair: combine.ProcessPair, reports: dict[str, list[FeedRound]]) -> None:
@@ -414,11 +378,6 @@ def rounds_of(ctx: ItemContext, ref: ReferenceData) -> int:
     if ctx.plan.rounds is not None:
         return ctx.plan.rounds
     return timing_rounds(ctx.device_kind, item_bytes(ref), timing_budget_s(ctx))
-
-
-def item_bytes(ref: ReferenceData) -> int:
-    """What one input set and its results (outputs and in-place results) take."""
-    return tensor_bytes(ref.inputs[0]) + result_bytes(ref)
 
 
 def verified_timed_calls(item_bytes: int) -> int:

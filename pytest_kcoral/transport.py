@@ -41,6 +41,10 @@ class Processes(Protocol):
         """The case's trusted process: it makes inputs and runs the reference, never a candidate."""
         ...
 
+    def kept_trusted(self) -> Transport | None:
+        """The trusted process as kept, none started (None where there is none to keep)."""
+        ...
+
     def forget(self, process: Transport) -> None:
         """A case process that failed: never reuse it."""
 

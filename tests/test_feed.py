@@ -117,16 +117,17 @@ def _trusted_side(sock: socket.socket, case_path: str, device: str, n: int, resu
     from pytest_kcoral.case_runtime import CaseRuntime
     from pytest_kcoral.child import Unpredictable
     from pytest_kcoral.child_feeder import Feeder
+    from pytest_kcoral.child_judges import Pricing, TimedCalls
     from pytest_kcoral.messages import FeedPeer, ToleranceSpec
 
     kind = "cuda" if device.startswith("cuda") else "cpu"
     case = CaseRuntime({"format": "native", "source": case_path, "device": device, "device_kind": kind})
     config = FeedPeer(peer="candidate", shape={"n": n}, device=device, tolerance=ToleranceSpec(atol=None, rtol=None), inplace=[],
                       written_inputs=[], may_write=[])
-    feeder = Feeder(case, FeedChannel(sock), config, Unpredictable())
+    feeder = Feeder(case, FeedChannel(sock), config, TimedCalls(case, config, Unpredictable(), Pricing()))
     while feeder.open:
         feeder.serve_one()
-    results.put([(r.calls, r.checked, r.problems, r.turn_median_us, r.closed) for r in feeder.report(final=True)])
+    results.put([(r.calls, r.checked, r.problems, r.turn_median_us, r.closed) for r in feeder.report(final=True).rounds])
 
 
 def _fed_round(tmp_path, kernel, calls: int = 40, device: str = "cpu", n: int = 64, tamper=None):
@@ -144,7 +145,7 @@ def _fed_round(tmp_path, kernel, calls: int = 40, device: str = "cpu", n: int = 
     theirs.close()
     try:
         command = Time(shape={"n": n}, device=device, budget_s=1.0, timer=None, verify=0, written_inputs=[], fed=True)
-        sets = FedSets(FeedChannel(ours), command, device, lambda _shape, args: (lambda: kernel(*args)))
+        sets = FedSets(FeedChannel(ours), {"n": n}, 3, device, lambda _shape, args: (lambda: kernel(*args)))
         try:
             for i in range(calls):
                 k = i % len(sets.sets)

@@ -135,7 +135,7 @@ def refuse_modes(when: str) -> None:
     if (_function_len is not None and _function_len()) or (_dispatch_len is not None and _dispatch_len()):
         found = [h for h in find_hooks() if h.startswith("torch")]
         if found:
-            raise HookDetected(f"{when}, the timing loop found {'; '.join(found)}: code that runs inside the harness's own calls is refused")
+            raise HookDetected(f"{when}, the harness found {'; '.join(found)}: code that runs inside the harness's own calls is refused")
 
 
 def refuse_hooks(when: str) -> None:

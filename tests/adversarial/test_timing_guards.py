@@ -134,7 +134,8 @@ def test_a_torch_function_mode_left_pushed_is_refused_and_named(make_case, run_k
     make_case("cases/add", candidates={"attack": TORCH_MODE_LEFT_PUSHED, "honest": SETS_THE_DEFAULT_DEVICE})
     result = run_kcoral(*FULL)
     result.assert_outcomes(passed=1, failed=1, deselected=2)
-    result.stdout.fnmatch_lines(["*kcoral timing failed*HookDetected: before the first call, the timing loop found torch function mode"
+    # found after its first call, before the harness copies what the call returned
+    result.stdout.fnmatch_lines(["*kcoral correctness failed*HookDetected: after the candidate's call, the harness found torch function mode"
                                  " left pushed (kcoral_candidate.Watcher)*"])
 
 

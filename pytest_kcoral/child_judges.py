@@ -1,0 +1,289 @@
+"""The trusted child's verdicts on what a fed child's calls returned (``child_feeder``'s judges):
+
+- ``TimedCalls``: each timed call gets fresh inputs from a seed drawn here. Its outputs' kinds,
+  dtypes and shapes are judged every time, their values on a share of the calls (``Pricing``)
+  drawn after the call, so no call can know whether it will be checked. What can be counted on
+  the device is counted there and read once a round, so a check adds no wait for the device.
+- ``TrialCalls``: the correctness trials, with the inputs the reference was computed on (kept
+  here, ``child_trusted.KeptTrials``), judged in full as the correctness stage judges: the
+  structure, the values (or the case's own checker), the INPLACE results, every other input
+  unchanged, and what the trials tell together (outputs that ignore their inputs, a constant).
+
+Both judge by the rules of ``correctness.py``; only the verdict and a few numbers go back to the
+pytest process.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_kcoral import checker, correctness
+from pytest_kcoral.case_runtime import CaseRuntime
+from pytest_kcoral.child_feeder import timed_sets
+from pytest_kcoral.child_outputs import clone_values, flatten_outputs, leaves, require_plain_outputs, synchronize
+from pytest_kcoral.child_trusted import Trials
+from pytest_kcoral.feed import Outcome
+from pytest_kcoral.messages import FeedPeer, FeedReportReply, FeedRound
+from pytest_kcoral.timing.placement import tensor_bytes
+
+# Which timed calls have their values checked (their kinds, dtypes and shapes are, every one): all
+# of them while a check (the reference and the comparison) takes at most CHECK_FREE_S; past that,
+# as many as keep the checks to CHECK_TURN_SHARE of a baseline call's turn, and never fewer than
+# MIN_CHECK_SHARE. Both sides of an item get the same share (``Pricing``), so neither's time
+# outside its windows grows by the other's checks. A candidate must skip its work on half its
+# calls or more to move a median, so even the floor catches it within a few dozen calls.
+CHECK_FREE_S = 50e-6
+CHECK_TURN_SHARE = 0.5
+MIN_CHECK_SHARE = 0.05
+_COSTS_KEPT = 15  # the latest checks' costs, whose median prices the next ones
+# A check's cost, waited for on the device: the first few checks of a feed, then one in so many
+_PRICED_FIRST = 4
+_PRICE_EVERY = 32
+PROBLEMS_KEPT = 5
+
+Outputs = Callable[[], tuple[list[Any], list[str]]]  # a call's outputs read from the slot, or why they cannot be
+
+
+class Pricing:
+    """How often an item's timed calls are checked, shared by the feeds of its two sides
+    (``CHECK_FREE_S``): from what checks cost, and how long the baseline's calls take."""
+
+    def __init__(self) -> None:
+        self.costs_s: list[float] = []
+        self.baseline_turns_us: list[float] = []
+        self.share = 1.0
+
+    def add_cost(self, took_s: float) -> None:
+        self.costs_s = [*self.costs_s[-(_COSTS_KEPT - 1):], took_s]
+        cost_s = statistics.median(self.costs_s)
+        if cost_s <= CHECK_FREE_S or not self.baseline_turns_us:
+            self.share = 1.0
+            return
+        turn_s = statistics.median(self.baseline_turns_us) / 1e6
+        self.share = min(1.0, max(MIN_CHECK_SHARE, CHECK_TURN_SHARE * turn_s / cost_s))
+
+    def add_baseline_turns(self, turns_us: list[float]) -> None:
+        self.baseline_turns_us = turns_us[-256:]
+
+
+@dataclass
+class _Round:
+    calls: int = 0
+    checked: int = 0
+    problems: list[tuple[int, str]] = field(default_factory=list)  # (timed call, problem)
+    # checks counted on the device and not read yet: (timed call, messages, counts), read once a round
+    tallies: list[tuple[int, list[str], Any]] = field(default_factory=list)
+    turns_us: list[float] = field(default_factory=list)
+
+    def read_tallies(self) -> None:
+        """The round's counted checks, read with one wait for the device: a message for each count that is not zero."""
+        if not self.tallies:
+            return
+        import torch
+
+        values = torch.cat([counts.reshape(-1) for _, _, counts in self.tallies]).tolist()
+        at = 0
+        for call, labels, _ in self.tallies:
+            self.problems += [(call, label.format(n)) for label, n in zip(labels, values[at:at + len(labels)]) if n]
+            at += len(labels)
+        self.tallies = []
+
+    def report(self, closed: str = "") -> FeedRound:
+        self.read_tallies()
+        median = statistics.median(self.turns_us) if self.turns_us else None
+        problems = [f"timed call {call}: {p}" for call, p in sorted(self.problems, key=lambda entry: entry[0])]
+        return FeedRound(calls=self.calls, checked=self.checked, problems=problems[:PROBLEMS_KEPT], turn_median_us=median, closed=closed)
+
+
+class TimedCalls:
+    """Feeds and judges a side's timed calls, round by round (see the module's docstring)."""
+
+    def __init__(self, case: CaseRuntime, config: FeedPeer, rng: Any, pricing: Pricing) -> None:
+        self.case, self.config, self.rng, self.pricing = case, config, rng, pricing
+        self.tol = correctness.Tolerance(config.tolerance.atol, config.tolerance.rtol, config.tolerance.strict)
+        self.structure: Any = None
+        self.expected: list[tuple[str, list[int]] | None] = []  # the reference's outputs: dtype and shape, None for a value
+        self.rounds: list[_Round] = []
+        self.current = _Round()
+
+    def layout_inputs(self, wanted: int) -> tuple[list[tuple], tuple, bool]:
+        """One input set made here tells each input's kind, dtype, shape and strides; the
+        reference's outputs on it, the slot's and what every call must return."""
+        shape = self.config.shape
+        args = self.case.make_inputs(shape, self.rng.getrandbits(62))
+        outputs, self.structure = flatten_outputs(self.case.reference(shape, clone_values(args)))
+        require_plain_outputs(outputs, "reference")
+        self.expected = [(str(o.dtype).removeprefix("torch."), list(o.shape)) if hasattr(o, "dtype") else None for o in outputs]
+        n_sets, pads = timed_sets(tensor_bytes(args), self.config.device, wanted)
+        return [args] * n_sets, outputs, pads
+
+    def inputs_for(self, k: int) -> tuple:
+        return self.case.make_inputs(self.config.shape, self.rng.getrandbits(62))
+
+    def turn(self, us: float) -> None:
+        self.current.turns_us.append(us)
+
+    def end(self) -> None:
+        self.current.read_tallies()
+        if self.config.peer == "baseline":
+            self.pricing.add_baseline_turns(self.current.turns_us)
+        self.rounds.append(self.current)
+        self.current = _Round()
+
+    def report(self, closed: str, error: str) -> FeedReportReply:
+        rounds = [r.report() for r in self.rounds]
+        if self.current.calls or closed:
+            rounds.append(self.current.report(closed))
+            self.current = _Round()
+        self.rounds = []
+        return FeedReportReply(rounds=rounds, error=error)
+
+    def judge(self, outcome: Outcome, k: int, made: tuple, after: tuple, outputs: Outputs) -> None:
+        """One timed call: counted, its kinds checked, and with the item's share (drawn now) its values."""
+        call = self.current.calls = self.current.calls + 1
+        problems = list(outcome.problems)
+        if outcome.set_index != k:
+            problems.append(f"its child says it called input set {outcome.set_index}, the set made for it was {k}")
+        if not problems:
+            problems = self._kinds(outcome)
+        if not problems and self.rng.random() < self.pricing.share:
+            self.current.checked += 1
+            problems = self._values(call, made, after, outputs)
+        self.current.problems += [(call, p) for p in problems]
+
+    def _kinds(self, outcome: Outcome) -> list[str]:
+        """A call's outputs, by what its child says of them: the reference's structure, and each a
+        tensor of the reference's dtype and shape (or a plain value where it returns one). A case's
+        own checker may take other dtypes and shapes: then only tensors against values."""
+        problems = correctness.compare_structure(outcome.structure, self.structure)
+        if problems:
+            return problems
+        if len(outcome.leaves) != len(self.expected):
+            return [f"returned {len(outcome.leaves)} output(s), the reference returns {len(self.expected)}"]
+        for i, (leaf, expected) in enumerate(zip(outcome.leaves, self.expected)):
+            if (leaf[0] == "value") != (expected is None):
+                problems.append(f"output {i} is {'a plain value' if leaf[0] == 'value' else 'a tensor'}, the reference returns"
+                                f" {'a plain value' if expected is None else 'a tensor'}")
+            elif expected is not None and not self.config.checker and (leaf[1], list(leaf[2])) != expected:
+                problems.append(f"output {i} is a {leaf[1]} tensor of shape {tuple(leaf[2])}, the reference's a {expected[0]} of shape"
+                                f" {tuple(expected[1])}")
+        return problems
+
+    def _values(self, call: int, made: tuple, after: tuple, outputs: Outputs) -> list[str]:
+        """A call's values, as the correctness stage judges them. What can be counted on the
+        device is left counting (``_Round.tallies``); the rest is decided now."""
+        values, problems = outputs()
+        if problems:
+            return problems
+        config = self.config
+        priced = len(self.pricing.costs_s) < _PRICED_FIRST or self.current.checked % _PRICE_EVERY == 0
+        if priced:
+            synchronize(config.device)
+        started = time.perf_counter()
+        if config.checker:
+            problems = case_checker_verdict(self.case, made, self.structure, values)
+            problems += correctness.describe_changed_inputs(correctness.changed_inputs(made, after), config.may_write)
+        else:
+            ref_args = clone_values(made)
+            judge = self.case.baseline if config.against == "baseline" else self.case.reference
+            expected = leaves(judge(config.shape, ref_args))
+            written = config.written_inputs
+            names = [f"output {i}" for i in range(len(values))] + correctness.written_input_names(written)
+            tally = correctness.mismatch_tally((*values, *(after[j] for j in written)), (*expected, *(ref_args[j] for j in written)),
+                                               self.tol, names, made, after, config.may_write)
+            if tally is not None:
+                if tally[1] is not None:
+                    self.current.tallies.append((call, *tally))
+            else:  # kinds that differ, or rules of more than one pass: decided now, in full
+                problems = values_and_inputs(values, expected, tuple(after[j] for j in written), tuple(ref_args[j] for j in written),
+                                             written, made, after, config.may_write, self.tol)
+        if priced:
+            synchronize(config.device)
+            self.pricing.add_cost(time.perf_counter() - started)
+        return problems
+
+
+class TrialCalls:
+    """Feeds and judges a side's correctness trials, each on the inputs the reference had."""
+
+    def __init__(self, case: CaseRuntime, config: FeedPeer, rng: Any, trials: Trials) -> None:
+        self.case, self.config, self.rng, self.trials = case, config, rng, trials
+        self.tol = correctness.Tolerance(config.tolerance.atol, config.tolerance.rtol, config.tolerance.strict)
+        n = len(trials.inputs)
+        self.problems: list[list[str]] = [[] for _ in range(n)]
+        self.run: set[int] = set()  # the trials its child called
+        self.outputs: list[Any] = [None] * n  # per trial, copies of its outputs once they could be read: for what the trials tell together
+        self.together: dict[str, Any] = {}
+
+    def layout_inputs(self, wanted: int) -> tuple[list[tuple], tuple, bool]:
+        return list(self.trials.inputs), self.trials.reference[0], False
+
+    def inputs_for(self, k: int) -> tuple:
+        return self.trials.inputs[k]
+
+    def turn(self, us: float) -> None:
+        pass
+
+    def judge(self, outcome: Outcome, k: int, made: tuple, after: tuple, outputs: Outputs) -> None:
+        """Trial ``k`` in full. A trial whose child found something (a lazy object, an alias) is
+        left to those findings, which the child's own reply carries."""
+        self.run.add(k)
+        if outcome.problems:
+            return
+        problems = correctness.compare_structure(outcome.structure, self.trials.structure)
+        if not problems:
+            values, problems = outputs()
+            if not problems:
+                written = self.config.written_inputs
+                after_written = tuple(after[j] for j in written)
+                if self.config.checker:
+                    problems = checker.unwritten_elements(values, self.trials.reference[k])
+                    problems += case_checker_verdict(self.case, made, outcome.structure, values)
+                    problems += correctness.describe_changed_inputs(correctness.changed_inputs(made, after), self._may_write(outcome))
+                else:
+                    problems = values_and_inputs(values, self.trials.reference[k], after_written, self.trials.written[k], written, made,
+                                                 after, self._may_write(outcome), self.tol)
+                self.outputs[k] = clone_values(tuple(values))
+        self.problems[k] += problems  # a trial called twice answers for both calls
+
+    def _may_write(self, outcome: Outcome) -> list[int]:
+        """``stage_correctness.may_write`` for one trial: INPLACE's inputs, and where a case's data
+        carries output buffers, the inputs the call returned as outputs."""
+        returned = [j for _, j in outcome.aliases] if self.config.aliases_may_write else []
+        return sorted({*self.config.inplace, *returned})
+
+    def end(self) -> None:
+        refs = self.trials.reference
+        # an output too large for the slot came as its dtype and shape only (``meta``): of its kind, not its values
+        readable = [None if out is None or any(getattr(v, "is_meta", False) for v in out) else out for out in self.outputs]
+        self.together = {"same_kinds": correctness.same_kinds(self.outputs, refs),
+                         "ignores_inputs": correctness.ignores_inputs(readable, refs),
+                         "constant": correctness.constant_where_reference_varies(readable, refs, self.tol) or ""}
+
+    def report(self, closed: str, error: str) -> FeedReportReply:
+        rounds = [FeedRound(calls=0, checked=0, problems=[], turn_median_us=None, closed=closed)] if closed else []
+        problems = [found if k in self.run else ["its child never called it (results forged?)"] for k, found in enumerate(self.problems)]
+        return FeedReportReply(rounds=rounds, error=error, trials=problems, **self.together)
+
+
+def values_and_inputs(values: Any, expected: Any, written: tuple, expected_written: tuple, written_inputs: list[int], made: tuple,
+                      after: tuple, may_write: list[int], tol: correctness.Tolerance) -> list[str]:
+    """A call's outputs and INPLACE results against the expected ones, and every other input
+    unchanged, in full (``correctness.compare_outputs``, ``changed_inputs``)."""
+    problems = correctness.compare_outputs(values, expected, tol)
+    if not problems and written_inputs:
+        problems = correctness.compare_outputs(written, expected_written, tol, correctness.written_input_names(written_inputs))
+    return problems + correctness.describe_changed_inputs(correctness.changed_inputs(made, after), may_write)
+
+
+def case_checker_verdict(case: CaseRuntime, made: tuple, structure: Any, values: list[Any]) -> list[str]:
+    """The case's own checker on a call's outputs, rebuilt in the structure they came in (a
+    checker that raises on an output rejects it)."""
+    try:
+        return checker.problems_of(case.check(clone_values(made), checker.rebuild(structure, list(values))))
+    except Exception as exc:  # noqa: BLE001 - the problem author's code, judging an output
+        return [f"the problem's check_implementation raised {type(exc).__name__} on this output: {exc}"[:checker.MESSAGE_LIMIT_CHARS]]
