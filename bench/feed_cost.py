@@ -12,8 +12,8 @@ and the messages.
 from __future__ import annotations
 
 import argparse
-import os
 import multiprocessing as mp
+import os
 import select
 import socket
 import statistics
@@ -70,12 +70,10 @@ def _fed(sock: socket.socket, device: str, n: int, calls: int, out: mp.Queue) ->
 
     from pytest_kcoral.child_timing import FedSets
     from pytest_kcoral.feed import FeedChannel
-    from pytest_kcoral.messages import Time
 
     torch.set_num_threads(1)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    command = Time(shape={"n": n}, device=device, budget_s=1.0, timer=None, verify=0, written_inputs=[], fed=True)
     started = time.perf_counter()
     sets = FedSets(FeedChannel(sock), {"n": n}, 3, device, lambda _shape, args: (lambda: args[0] + args[1]))
     setup_ms = (time.perf_counter() - started) * 1e3

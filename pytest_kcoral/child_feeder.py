@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from pytest_kcoral.case_runtime import CaseRuntime
 from pytest_kcoral.child_outputs import synchronize
-from pytest_kcoral.feed import PLAIN_VALUES, FeedChannel, FeedClosed, FeedError, Layout, Outcome, SlotPlace, TensorPlace
+from pytest_kcoral.feed import PLAIN_VALUES, FeedChannel, FeedClosed, FeedError, Layout, Outcome, SlotPlace, TensorPlace, close_fds
 from pytest_kcoral.messages import FeedPeer, FeedReportReply
 from pytest_kcoral.shared_memory import ALIGN, MappedRegion, RegionInfo, SharedMemoryError, aligned, contiguous_strides, span_bytes
 from pytest_kcoral.timing.placement import SMALL_SET_BYTES, SMALL_SET_COUNT
@@ -195,7 +195,7 @@ class Feeder:
         """The child's regions, opened here, checked against the layout, and every set filled."""
         layout = self.layout
         if layout is None or self.regions:
-            _close_fds(fds)
+            close_fds(fds)
             raise FeedError("a map before the hello, or a second map")
         offered = message.get("regions")
         host_fd = fds[0] if fds else None
@@ -213,7 +213,7 @@ class Feeder:
                     host_fd = None
         finally:
             if host_fd is not None:
-                _close_fds([host_fd])
+                close_fds([host_fd])
         self.sets = [tuple(self._view(p) if isinstance(p, TensorPlace) else p[1] for p in inputs) for inputs in layout.sets]
         for k in range(len(self.sets)):
             self._write(k)
@@ -369,15 +369,5 @@ def _region_info(value: Any, kind: str) -> RegionInfo:
 
 def _no_fds(fds: list[int]) -> None:
     if fds:
-        _close_fds(fds)
+        close_fds(fds)
         raise FeedError("file descriptors came with a frame that takes none")
-
-
-def _close_fds(fds: list[int]) -> None:
-    import os
-
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass

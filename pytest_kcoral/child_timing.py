@@ -62,8 +62,9 @@ class OwnSets:
 
 
 class FedSets:
-    """The input sets of an item's timing rounds in memory the case's trusted child writes, and the
-    slot this child copies each timed call's outputs to (``feed.py``). The trusted child chose
+    """Input sets in memory the case's trusted child writes (an item's timing rounds, or its
+    correctness trials: ``child_run``), and the slot this child copies each call's outputs to
+    (``feed.py``). The trusted child chose
     where each tensor lies (``feed.Layout``), placement pads included; this child allocates the
     regions, builds its tensors there, and only asks for a set's fresh values and reports what a
     call returned."""

@@ -1,10 +1,10 @@
 """Compare step: the correctness rules of spec section 3.
 
-A candidate's outputs are compared in the pytest process, on CPU copies sent over the wire, so the
-comparison runs in a process no candidate ever ran in. The trusted child applies the same rules on
-the device to what never leaves it (the baseline against the reference, the weak-reference test),
-and a candidate child reports which of its inputs a call changed (``changed_inputs``). Each check
-returns plain sentences that name the output, the rule and the numbers, for the one-screen report.
+A candidate's outputs are compared in a process no candidate ever ran in: the case's trusted
+child, on the device, where the candidate's child left them (``child_judges``), or the pytest
+process, on CPU copies sent over the wire by a KCoral program. The trusted child applies the same
+rules to the baseline against the reference and to the weak-reference test. Each check returns
+plain sentences that name the output, the rule and the numbers, for the one-screen report.
 
 Passing outputs take one ``torch.isclose`` pass in the output's own precision (float32 for the
 half types); only a failure pays for the float64 diagnosis that finds the worst element.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import array
 import json
 import math
+import os
 import select
 import socket
 import struct
@@ -98,7 +99,7 @@ class FeedChannel:
             except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 raise FeedError(f"an unreadable feed frame: {str(exc)[:200]}") from None
         except BaseException:
-            _close_all(fds)
+            close_fds(fds)
             raise
 
     def _exactly(self, n: int, deadline: float | None) -> bytes:
@@ -137,9 +138,8 @@ def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
-def _close_all(fds: list[int]) -> None:
-    import os
-
+def close_fds(fds: list[int]) -> None:
+    """Close descriptors that came with a frame and are not taken."""
     for fd in fds:
         try:
             os.close(fd)

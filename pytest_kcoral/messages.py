@@ -163,7 +163,8 @@ class RunReply(Message):
 
 @dataclass(frozen=True)
 class Run(Command[RunReply]):
-    """Run the loaded callable once per input set, on device copies; report outputs and findings."""
+    """Run the loaded callable once per trial: on inputs the trusted child feeds (``fed``), or on
+    device copies of those sent; report findings, and outputs unless fed."""
 
     op: ClassVar[str] = "run"
     reply: ClassVar[type[Message]] = RunReply

@@ -1,11 +1,15 @@
-"""Run step, correctness: the candidate's outputs on the reference's inputs, judged in the pytest
-process by the rules of SPEC section 3 (``correctness.py``) or by the case's own checker
-(``checker.py``), never in a process the candidate ran in.
+"""Run step, correctness: the candidate's outputs on the reference's inputs, judged by the rules of
+SPEC section 3 (``correctness.py``) or by the case's own checker (``checker.py``), never in a
+process the candidate ran in.
 
-The candidate's process runs the candidate on each input set (device copies, after NaN-poisoning
-the allocator), checks its outputs for plain dense tensors on the device that alias no input,
-finds which inputs the call changed, and sends outputs and changes. Everything it reports is
-checked for shape here first: a forged report fails the item, never this process.
+- On this host the case's trusted child feeds each trial's inputs into the candidate's process and
+  judges the outputs there (``child_judges.TrialCalls``); this module words its verdict.
+- In a KCoral program the candidate's process runs each trial on device copies of the inputs sent,
+  and sends outputs and the inputs it changed; they are judged here.
+
+Either way the candidate's process checks its outputs for plain dense tensors on the device that
+alias no input (after NaN-poisoning the allocator). Everything it reports is checked for shape
+here first: a forged report fails the item, never this process.
 """
 
 from __future__ import annotations

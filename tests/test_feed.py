@@ -133,7 +133,6 @@ def _trusted_side(sock: socket.socket, case_path: str, device: str, n: int, resu
 def _fed_round(tmp_path, kernel, calls: int = 40, device: str = "cpu", n: int = 64, tamper=None):
     """Rounds of ``calls`` timed calls of ``kernel(a, b)`` on fed sets; the trusted side's report."""
     from pytest_kcoral.child_timing import FedSets
-    from pytest_kcoral.messages import Time
 
     case_path = tmp_path / "case.py"
     case_path.write_text(textwrap.dedent(ADD_CASE))
@@ -144,7 +143,6 @@ def _fed_round(tmp_path, kernel, calls: int = 40, device: str = "cpu", n: int = 
     trusted.start()
     theirs.close()
     try:
-        command = Time(shape={"n": n}, device=device, budget_s=1.0, timer=None, verify=0, written_inputs=[], fed=True)
         sets = FedSets(FeedChannel(ours), {"n": n}, 3, device, lambda _shape, args: (lambda: kernel(*args)))
         try:
             for i in range(calls):
