@@ -2,8 +2,10 @@
 
 - ``TimedCalls``: each timed call gets fresh inputs from a seed drawn here. Its outputs' kinds,
   dtypes and shapes are judged every time, their values on a share of the calls (``Pricing``)
-  drawn after the call, so no call can know whether it will be checked. What can be counted on
-  the device is counted there and read once a round, so a check adds no wait for the device.
+  drawn after the call, so no call can know whether it will be checked. A checked call's outputs
+  and inputs are copied here in its turn, and judged with the round's other checks at its end,
+  all in one pass (``correctness.mismatch_tally``): a turn holds copies, not the reference's
+  call and the comparison, and a check adds no wait for the device.
 - ``TrialCalls``: the correctness trials, with the inputs the reference was computed on (kept
   here, ``child_trusted.KeptTrials``), judged in full as the correctness stage judges: the
   structure, the values (or the case's own checker), the INPLACE results, every other input
@@ -44,6 +46,9 @@ _COSTS_KEPT = 15  # the latest checks' costs, whose median prices the next ones
 _PRICED_FIRST = 4
 _PRICE_EVERY = 32
 PROBLEMS_KEPT = 5
+# The copies of checked calls a round holds for its end's checks; past this they are judged at
+# once, and a call whose copies alone take more is judged in its turn.
+DEFERRED_BYTES = 64 << 20
 
 Outputs = Callable[[], tuple[list[Any], list[str]]]  # a call's outputs read from the slot, or why they cannot be
 
@@ -71,12 +76,26 @@ class Pricing:
 
 
 @dataclass
+class _Deferred:
+    """A checked call, judged with the round's others: the inputs as made (this process's own),
+    and copies of its outputs and of its inputs as the call left them."""
+
+    call: int
+    made: tuple
+    outputs: list[Any]
+    after: tuple  # None for an input nothing reads after the call
+    nbytes: int
+
+
+@dataclass
 class _Round:
     calls: int = 0
     checked: int = 0
     problems: list[tuple[int, str]] = field(default_factory=list)  # (timed call, problem)
     # checks counted on the device and not read yet: (timed call, messages, counts), read once a round
     tallies: list[tuple[int, list[str], Any]] = field(default_factory=list)
+    deferred: list[_Deferred] = field(default_factory=list)  # checked calls not judged yet (``TimedCalls._flush``)
+    deferred_bytes: int = 0
     turns_us: list[float] = field(default_factory=list)
 
     def read_tallies(self) -> None:
@@ -128,6 +147,7 @@ class TimedCalls:
         self.current.turns_us.append(us)
 
     def end(self) -> None:
+        self._flush()
         self.current.read_tallies()
         if self.config.peer == "baseline":
             self.pricing.add_baseline_turns(self.current.turns_us)
@@ -137,6 +157,7 @@ class TimedCalls:
     def report(self, closed: str, error: str) -> FeedReportReply:
         rounds = [r.report() for r in self.rounds]
         if self.current.calls or closed:
+            self._flush()
             rounds.append(self.current.report(closed))
             self.current = _Round()
         self.rounds = []
@@ -174,12 +195,20 @@ class TimedCalls:
         return problems
 
     def _values(self, call: int, made: tuple, after: tuple, outputs: Outputs) -> list[str]:
-        """A call's values, as the correctness stage judges them. What can be counted on the
-        device is left counting (``_Round.tallies``); the rest is decided now."""
+        """A call's values, as the correctness stage judges them. Where they can be counted on
+        the device, copies are kept for the round's end (``_flush``); the rest is decided now."""
         values, problems = outputs()
         if problems:
             return problems
         config = self.config
+        if config.device.startswith("cuda") and not config.checker and self._countable():  # on a CPU a check now costs as much
+            deferred = self._copies(call, made, after, values)
+            if deferred.nbytes <= DEFERRED_BYTES:
+                if self.current.deferred_bytes + deferred.nbytes > DEFERRED_BYTES:
+                    self._flush()
+                self.current.deferred.append(deferred)
+                self.current.deferred_bytes += deferred.nbytes
+                return []
         priced = len(self.pricing.costs_s) < _PRICED_FIRST or self.current.checked % _PRICE_EVERY == 0
         if priced:
             synchronize(config.device)
@@ -188,23 +217,75 @@ class TimedCalls:
             problems = case_checker_verdict(self.case, made, self.structure, values)
             problems += correctness.describe_changed_inputs(correctness.changed_inputs(made, after), config.may_write)
         else:
-            ref_args = clone_values(made)
-            judge = self.case.baseline if config.against == "baseline" else self.case.reference
-            expected = leaves(judge(config.shape, ref_args))
-            written = config.written_inputs
-            names = [f"output {i}" for i in range(len(values))] + correctness.written_input_names(written)
-            tally = correctness.mismatch_tally((*values, *(after[j] for j in written)), (*expected, *(ref_args[j] for j in written)),
-                                               self.tol, names, made, after, config.may_write)
-            if tally is not None:
-                if tally[1] is not None:
-                    self.current.tallies.append((call, *tally))
-            else:  # kinds that differ, or rules of more than one pass: decided now, in full
-                problems = values_and_inputs(values, expected, tuple(after[j] for j in written), tuple(ref_args[j] for j in written),
-                                             written, made, after, config.may_write, self.tol)
+            problems = self._judge_now(call, made, after, values)
         if priced:
             synchronize(config.device)
             self.pricing.add_cost(time.perf_counter() - started)
         return problems
+
+    def _countable(self) -> bool:
+        """Whether the reference's outputs are all tensors of kinds one pass can judge (``correctness.mismatch_tally``)."""
+        return not self.tol.strict and bool(self.expected) and all(e is not None and not e[0].startswith("complex") for e in self.expected)
+
+    def _copies(self, call: int, made: tuple, after: tuple, values: list[Any]) -> _Deferred:
+        """The call's outputs and the inputs its check reads (those the reference writes, and
+        those that must stay unchanged), copied out of its child's memory."""
+        reads = set(self.config.written_inputs) | {j for j in range(len(after)) if j not in self.config.may_write}
+        kept = tuple(a.clone() if j in reads and hasattr(a, "clone") else None for j, a in enumerate(after))
+        outputs = [v.clone() for v in values]
+        nbytes = sum(t.numel() * t.element_size() for t in (*outputs, *kept) if t is not None)
+        return _Deferred(call, made, outputs, kept, nbytes)
+
+    def _expected(self, made: tuple) -> tuple[tuple, tuple]:
+        """The judge's outputs on a copy of ``made`` (the reference's, or the baseline's for the
+        weak-reference test), and that copy as the judge left it."""
+        ref_args = clone_values(made)
+        judge = self.case.baseline if self.config.against == "baseline" else self.case.reference
+        return tuple(leaves(judge(self.config.shape, ref_args))), ref_args
+
+    def _judge_now(self, call: int, made: tuple, after: tuple, values: list[Any]) -> list[str]:
+        """One call's values, counted on the device where one pass can, else decided in full now."""
+        expected, ref_args = self._expected(made)
+        written = self.config.written_inputs
+        names = [f"output {i}" for i in range(len(values))] + correctness.written_input_names(written)
+        tally = correctness.mismatch_tally([(*values, *(after[j] for j in written))], [(*expected, *(ref_args[j] for j in written))],
+                                           self.tol, names, [made], [after], self.config.may_write)
+        if tally is None:  # kinds that differ, or rules of more than one pass: decided now, in full
+            return values_and_inputs(values, expected, tuple(after[j] for j in written), tuple(ref_args[j] for j in written),
+                                     written, made, after, self.config.may_write, self.tol)
+        if tally[1] is not None:
+            self.current.tallies.append((call, tally[0], tally[1][0]))
+        return []
+
+    def _flush(self) -> None:
+        """The round's kept checks, judged in one pass and counted on the device (read with the
+        round's tallies); priced per check, as the checks in a turn are."""
+        deferred, self.current.deferred, self.current.deferred_bytes = self.current.deferred, [], 0
+        if not deferred:
+            return
+        config = self.config
+        synchronize(config.device)
+        started = time.perf_counter()
+        written = config.written_inputs
+        expected, ref_written = [], []
+        for d in deferred:
+            outputs, ref_args = self._expected(d.made)
+            expected.append((*outputs, *(ref_args[j] for j in written)))
+            ref_written.append(ref_args)
+        names = [f"output {i}" for i in range(len(deferred[0].outputs))] + correctness.written_input_names(written)
+        tally = correctness.mismatch_tally([(*d.outputs, *(d.after[j] for j in written)) for d in deferred], expected, self.tol, names,
+                                           [d.made for d in deferred], [d.after for d in deferred], config.may_write)
+        if tally is None:  # a call whose kinds differ from the others': each decided in full
+            for d, ref_args, exp in zip(deferred, ref_written, expected):
+                problems = values_and_inputs(d.outputs, exp[:len(d.outputs)], tuple(d.after[j] for j in written), tuple(ref_args[j] for j in written),
+                                             written, d.made, d.after, config.may_write, self.tol)
+                self.current.problems += [(d.call, p) for p in problems]
+        elif tally[1] is not None:
+            self.current.tallies += [(d.call, tally[0], tally[1][r]) for r, d in enumerate(deferred)]
+        synchronize(config.device)
+        cost_s = (time.perf_counter() - started) / len(deferred)
+        for _ in range(min(len(deferred), _COSTS_KEPT)):
+            self.pricing.add_cost(cost_s)
 
 
 class TrialCalls:

@@ -247,51 +247,87 @@ def _all_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -
     return bool(torch.isclose(out.detach().to(work), ref.detach().to(work), rtol=rtol, atol=atol, equal_nan=True).all())
 
 
-def mismatch_tally(outputs: Sequence[Any], reference: Sequence[Any], tol: Tolerance, names: Sequence[str] | None = None,
-                   inputs_before: Sequence[Any] = (), inputs_after: Sequence[Any] = (),
-                   may_change: Sequence[int] = ()) -> tuple[list[str], Any] | None:
-    """``compare_outputs`` and ``changed_inputs`` without waiting for the device: per output, the
-    elements outside the tolerance, and per input outside ``may_change``, the bytes that changed,
-    counted where the tensors are and read later (the trusted child reads a round's at its end).
+def mismatch_tally(outputs: Sequence[Sequence[Any]], reference: Sequence[Sequence[Any]], tol: Tolerance,
+                   names: Sequence[str] | None = None, inputs_before: Sequence[Sequence[Any]] = (),
+                   inputs_after: Sequence[Sequence[Any]] = (), may_change: Sequence[int] = ()) -> tuple[list[str], Any] | None:
+    """``compare_outputs`` and ``changed_inputs`` for many calls at once, without waiting for the
+    device: ``outputs[c]`` against ``reference[c]`` and, per input outside ``may_change``,
+    ``inputs_before[c]`` against ``inputs_after[c]`` (empty: no inputs judged). Each call's
+    elements outside the tolerance, and its bytes changed, are counted where the tensors are, in
+    one pass over all the calls stacked, and read later (the trusted child reads a round's at its end).
 
-    Returns the messages, each with a ``{}`` for its count, and the counts (one int64 tensor on
-    the device, or None when there is nothing to count); a message stands once its count is not
-    zero. None when the kinds differ (dtype, shape, a plain value), or the rules need more than
-    one pass (the strict tolerance, a complex output): then ``compare_outputs`` decides at once."""
+    Returns the messages, each with a ``{}`` for its count, and the counts (an int64 tensor on the
+    device, a row per call, a column per message; None when there is nothing to count); a message
+    stands where its count is not zero. None when the kinds differ (dtype, shape, a plain value,
+    between the calls too), or the rules need more than one pass (the strict tolerance, a complex
+    output): then ``compare_outputs`` decides each call at once."""
     import torch
 
-    if tol.strict or len(outputs) != len(reference):
+    if tol.strict or not outputs or len(outputs) != len(reference) or len({len(o) for o in (*outputs, *reference)}) != 1:
         return None
+    n_calls = len(outputs)
     labels: list[str] = []
     counts = []
-    for i, (out, ref) in enumerate(zip(outputs, reference)):
+    for i, ref in enumerate(reference[0]):
         name = names[i] if names is not None else f"output {i}"
+        column = [(out[i], r[i]) for out, r in zip(outputs, reference)]
         if not isinstance(ref, torch.Tensor):
-            if type(out) is not type(ref) or _compare_plain(name, out, ref, tol):
+            if any(type(o) is not type(ref) or _compare_plain(name, o, r, tol) for o, r in column):
                 return None
             continue
-        if not isinstance(out, torch.Tensor) or out.dtype != ref.dtype or out.shape != ref.shape or ref.is_complex():
+        if ref.is_complex() or any(not isinstance(t, torch.Tensor) or t.dtype != ref.dtype or t.shape != ref.shape
+                                   for pair in column for t in pair):
             return None
-        if out.numel() == 0:
+        if ref.numel() == 0 or _equal_on_the_host(column):
             continue
+        out_rows, ref_rows = _rows([o for o, _ in column]), _rows([r for _, r in column])
         if ref.dtype == torch.bool or not ref.is_floating_point():
-            counts.append((out != ref).sum())
+            counts.append(_row_counts(out_rows != ref_rows))
             labels.append(f"{name}: {{}} of {ref.numel()} elements differ (exact match required for {ref.dtype})")
         else:
             atol, rtol = tol.for_dtype(ref.dtype)
             work = torch.float64 if ref.dtype == torch.float64 else torch.float32
-            close = torch.isclose(out.detach().to(work), ref.detach().to(work), rtol=rtol, atol=atol, equal_nan=True)
-            counts.append(close.numel() - close.sum())
+            close = torch.isclose(out_rows.to(work), ref_rows.to(work), rtol=rtol, atol=atol, equal_nan=True)
+            counts.append(ref.numel() - _row_counts(close))
             labels.append(f"{name}: {{}} of {ref.numel()} elements outside atol {atol:g} + rtol {rtol:g} x |ref|")
-    for j, (before, after) in enumerate(zip(inputs_before, inputs_after)):
-        if j in may_change or not isinstance(before, torch.Tensor):
-            continue
-        if not isinstance(after, torch.Tensor) or after.shape != before.shape or after.dtype != before.dtype:
+    if inputs_before:
+        if len(inputs_before) != n_calls or len(inputs_after) != n_calls:
             return None
-        if before.numel():
-            counts.append((_bits(after) != _bits(before)).sum())
-            labels.append(f"input {j} was modified ({{}} bytes changed); only inputs listed in INPLACE may be written")
-    return labels, torch.stack([c.to(torch.int64) for c in counts]) if counts else None
+        for j, before in enumerate(inputs_before[0]):
+            if j in may_change or not isinstance(before, torch.Tensor):
+                continue
+            column = [(b[j], a[j]) for b, a in zip(inputs_before, inputs_after)]
+            if any(not isinstance(t, torch.Tensor) or t.shape != before.shape or t.dtype != before.dtype for pair in column for t in pair):
+                return None
+            bits = [(_bits(b), _bits(a)) for b, a in column]
+            if before.numel() and not _equal_on_the_host(bits):
+                counts.append(_row_counts(_rows([a for _, a in bits]) != _rows([b for b, _ in bits])))
+                labels.append(f"input {j} was modified ({{}} bytes changed); only inputs listed in INPLACE may be written")
+    return labels, torch.stack([c.to(torch.int64) for c in counts], dim=1) if counts else None
+
+
+def _equal_on_the_host(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether every pair of host tensors is equal element for element: the common case, at a
+    fraction of a pass's cost. On a device it would wait for the device, so it is not tried there."""
+    import torch
+
+    return all(o.device.type == "cpu" and r.device.type == "cpu" and torch.equal(o, r) for o, r in pairs)
+
+
+def _row_counts(flags: torch.Tensor) -> torch.Tensor:
+    """The true elements of each row of a bool tensor (a byte sum: a bool sum is several times slower on a CPU)."""
+    import torch
+
+    return flags.view(torch.uint8).sum(dim=1, dtype=torch.int64)
+
+
+def _rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Tensors of one dtype and shape as the rows of one tensor (the one's own memory when there is one)."""
+    import torch
+
+    if len(tensors) == 1:
+        return tensors[0].detach().reshape(1, -1)
+    return torch.stack([t.detach().reshape(-1) for t in tensors])
 
 
 def changed_inputs(before: Sequence[Any], after: Sequence[Any]) -> list[list[Any]]:

@@ -361,3 +361,54 @@ def test_inputs_made_as_a_dict_are_refused_with_what_to_return(make_case, run_kc
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*CASE FAILED cases/kwargs on seen n=256*TypeError: make_inputs returned a dict (keys a, b): "
                                  "return the inputs as a tuple or list, in the order the reference takes them*"])
+
+
+# -- the timed calls' one-pass count (``correctness.mismatch_tally``), many calls at once ------------
+
+def _tally(outputs, reference, before=(), after=(), may_change=()):
+    from pytest_kcoral import correctness
+
+    tally = correctness.mismatch_tally(outputs, reference, correctness.Tolerance(None, None), None, before, after, may_change)
+    if tally is None:
+        return None
+    if tally[1] is None:  # nothing left to count (host tensors found equal at once)
+        return [[] for _ in outputs]
+    labels, counts = tally
+    return [[label.format(n) for label, n in zip(labels, row) if n] for row in counts.tolist()]
+
+
+def test_a_stacked_count_names_each_call_by_its_own_row():
+    import torch
+
+    refs = [(torch.randn(64), torch.arange(8)) for _ in range(5)]
+    outs = [(r[0].clone(), r[1].clone()) for r in refs]
+    outs[1][0][:3] += 1.0  # three elements of call 1's float output out of tolerance
+    outs[3][1][0] = -1  # one element of call 3's integer output
+    outs[4][0][7] = float("nan")  # a NaN where the reference is finite
+    found = _tally(outs, refs)
+    assert found[0] == found[2] == []
+    assert found[1] == ["output 0: 3 of 64 elements outside atol 0.0001 + rtol 0.0001 x |ref|"]
+    assert found[3] == ["output 1: 1 of 8 elements differ (exact match required for torch.int64)"]
+    assert found[4] == ["output 0: 1 of 64 elements outside atol 0.0001 + rtol 0.0001 x |ref|"]
+
+
+def test_a_stacked_count_matches_nan_to_nan_and_names_a_changed_input():
+    import torch
+
+    refs = [(torch.tensor([1.0, float("nan"), float("inf")]),) for _ in range(3)]
+    outs = [(r[0].clone(),) for r in refs]
+    before = [(torch.randn(4), torch.randn(4)) for _ in range(3)]
+    after = [(b[0].clone(), b[1].clone()) for b in before]
+    after[2][1][0] += 1.0  # call 2 wrote its second input, which must stay unchanged
+    after[1][0][0] += 1.0  # call 1 wrote its first, which it may
+    found = _tally(outs, refs, before, after, may_change=[0])
+    assert found == [[], [], ["input 1 was modified (4 bytes changed); only inputs listed in INPLACE may be written"]]
+
+
+def test_a_stacked_count_gives_calls_of_other_kinds_back_to_the_full_comparison():
+    import torch
+
+    refs = [(torch.randn(8),), (torch.randn(8),)]
+    assert _tally([(refs[0][0].clone(),), (refs[1][0][:4].clone(),)], refs) is None  # another shape in one call
+    assert _tally([(refs[0][0].double(),), (refs[1][0].clone(),)], refs) is None  # another dtype
+    assert _tally([(r[0].clone(),) for r in refs], refs) == [[], []]

@@ -179,26 +179,36 @@ def test_every_call_gets_inputs_no_one_saw_before(tmp_path):
     assert len(set(seen)) == 30
 
 
-def test_wrong_outputs_are_named_by_their_timed_call(tmp_path):
+# on a GPU a round's checks are judged together at its end: each call must still be named
+BOTH_DEVICES = pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda:0", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+])
+
+
+@BOTH_DEVICES
+def test_wrong_outputs_are_named_by_their_timed_call(tmp_path, device):
     calls = []
 
     def wrong_on_the_fifth(a, b):
         calls.append(1)
-        return a - b if len(calls) == 5 else a + b
+        return a - b if len(calls) in (5, 8) else a + b
 
-    (round_,), _ = _fed_round(tmp_path, wrong_on_the_fifth, calls=10)
-    assert round_[0] == 10 and len(round_[2]) == 1
+    (round_,), _ = _fed_round(tmp_path, wrong_on_the_fifth, calls=10, device=device)
+    assert round_[0] == 10 and len(round_[2]) == 2, round_
     assert round_[2][0].startswith("timed call 5: output 0:") and "outside atol" in round_[2][0]
+    assert round_[2][1].startswith("timed call 8: output 0:")
 
 
-def test_an_input_changed_by_a_call_is_named(tmp_path):
+@BOTH_DEVICES
+def test_an_input_changed_by_a_call_is_named(tmp_path, device):
     def writes_its_input(a, b):
         out = a + b
         b.zero_()
         return out
 
-    (round_,), _ = _fed_round(tmp_path, writes_its_input, calls=3)
-    assert round_[2] and all("input 1 was modified" in p for p in round_[2])
+    (round_,), _ = _fed_round(tmp_path, writes_its_input, calls=3, device=device)
+    assert len(round_[2]) == 3 and all("input 1 was modified" in p for p in round_[2]), round_
 
 
 def test_a_forged_outcome_ends_the_feed_as_the_fed_sides_failure(tmp_path):

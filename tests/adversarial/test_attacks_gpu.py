@@ -212,10 +212,10 @@ def test_a_poisoned_triton_cache_never_reaches_the_baseline(make_case, run_kcora
 
 
 # A matmul long enough (about 2.7 ms on an H200) that its work, moved out of the timing window,
-# stands above the slack the outside-window charge allows (50 us and the baseline's own time
-# there). Its inputs pass through a library of the case's (``caselib``, in ``lib/``), which no
-# snapshot watches: the candidate does the work there, in the harness's refresh of the next call's
-# inputs (torch.randn itself is watched: ``test_attacks.py``).
+# would stand far above the slack the outside-window charge allows (50 us and the baseline's own
+# time there). The case's inputs pass through a library of its own (``caselib``, in ``lib/``),
+# which the candidate hooks to do the next call's work while the harness refreshes inputs; the
+# trusted child makes every timed call's inputs (``feed.py``), so the hook never runs while timed.
 CASELIB = "def finish(a, b):\n    return a, b\n"
 
 MATMUL_CASE = """
@@ -234,16 +234,14 @@ def reference(a, b):
 """
 
 MATMUL_IN_THE_REFRESH = """
-import gc
 import torch
 import caselib
 _real_finish = caselib.finish
 _ready = []
 
 def _finish(a, b):
-    if not gc.isenabled():  # the timing loop: the harness is refreshing the next call's inputs
-        _ready[:] = [a @ b]
-        torch.cuda.synchronize()
+    _ready[:] = [a @ b]
+    torch.cuda.synchronize()
     return _real_finish(a, b)
 
 caselib.finish = _finish
@@ -252,20 +250,46 @@ def run(a, b):
     return _ready.pop() if _ready else a @ b
 """
 
+# The same work left for after its window: a finalizer on the call's output runs when the harness
+# lets the output go. It cannot make an answer (the next inputs do not exist yet), but its time is
+# the call's all the same.
+MATMUL_AFTER_ITS_WINDOW = """
+import weakref
+import torch
 
-def test_work_moved_out_of_the_timing_window_is_charged_on_a_gpu(make_case, run_kcoral_gpu, pytester):
-    import re
+def _more(a, b):
+    a @ b
+    torch.cuda.synchronize()
 
+def run(a, b):
+    out = a @ b
+    weakref.finalize(out, _more, a, b)
+    return out
+"""
+
+
+def test_work_hidden_in_the_cases_input_maker_earns_nothing_on_a_gpu(make_case, run_kcoral_gpu, pytester):
     folder = make_case("cases/mm", MATMUL_CASE, {"refresh": MATMUL_IN_THE_REFRESH, "plain": "def run(a, b):\n    return a @ b\n"})
     (folder / "lib").mkdir()
     (folder / "lib" / "caselib.py").write_text(CASELIB)
     result = run_kcoral_gpu("--kcoral-timing-budget", "0.5", "--kcoral-json", "out.json")
     result.assert_outcomes(passed=2)
+    for name, item in _items(pytester).items():
+        assert 0.9 < item["speedup"] < 1.1, (name, item["speedup"], item["candidate_timing"])
+        assert item["extra"]["timed_outputs"]["candidate"]["checked"] > 0, (name, item["extra"])
+
+
+def test_work_done_after_the_timing_window_is_charged_on_a_gpu(make_case, run_kcoral_gpu, pytester):
+    folder = make_case("cases/mm", MATMUL_CASE, {"after": MATMUL_AFTER_ITS_WINDOW, "plain": "def run(a, b):\n    return a @ b\n"})
+    (folder / "lib").mkdir()
+    (folder / "lib" / "caselib.py").write_text(CASELIB)
+    result = run_kcoral_gpu("--kcoral-timing-budget", "0.5", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=2)
     items = _items(pytester)
-    cheat, plain = items["refresh"], items["plain"]
-    flags = [f for f in cheat["candidate_timing"]["flags"] if f.startswith("outside_window_excess_us=")]
-    assert flags, cheat["candidate_timing"]
-    # charged, it earns at most the slack (it read about 2.7 ms against a few microseconds)
-    slack_us = float(re.search(r"\(slack ([0-9.]+) us\)", flags[0]).group(1))
-    assert cheat["speedup"] <= 1.1 * cheat["t_baseline_us"] / (cheat["t_baseline_us"] - slack_us), (cheat["speedup"], flags)
-    assert not any(f.startswith("outside_window_excess_us=") for f in plain["candidate_timing"]["flags"]), plain["candidate_timing"]
+    after, plain = items["after"], items["plain"]
+    # a second matmul after each window: charged, it reads about half the baseline's speed
+    assert any(f.startswith("outside_window_excess_us=") for f in after["candidate_timing"]["flags"]), after["candidate_timing"]
+    assert after["candidate_timing"]["charged_us"] > 1000.0, after["candidate_timing"]
+    assert after["speedup"] < 0.8, after["speedup"]
+    assert plain["candidate_timing"]["charged_us"] == 0.0, plain["candidate_timing"]
+    assert 0.9 < plain["speedup"] < 1.1, plain["speedup"]
