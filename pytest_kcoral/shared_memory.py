@@ -150,6 +150,9 @@ class Region:
 
 # -- importing ---------------------------------------------------------------------------------------
 
+_VIEWS_KEPT = 256  # per mapped region: the sets' inputs and the slot's outputs, by dtype and shape
+
+
 class MappedRegion:
     """Another process's ``Region``, opened in this one."""
 
@@ -158,6 +161,7 @@ class MappedRegion:
 
         self.info = info
         self.nbytes = info.nbytes
+        self._views: dict[tuple, Any] = {}
         self._cuda_base: int | None = None
         self.bytes: Any
         if info.kind == "cuda":
@@ -185,10 +189,18 @@ class MappedRegion:
             raise SharedMemoryError(f"unknown region kind {info.kind!r}")
 
     def view(self, offset: int, dtype: Any, shape: list[int], strides: list[int]) -> Any:
-        return _view(self.bytes, self.nbytes, offset, dtype, shape, strides)
+        """``_view``, each asked-for view made once: the trusted child reads a call's outputs through one every call."""
+        key = (offset, dtype, tuple(shape), tuple(strides))
+        found = self._views.get(key)
+        if found is None:
+            found = _view(self.bytes, self.nbytes, offset, dtype, shape, strides)
+            if len(self._views) < _VIEWS_KEPT:
+                self._views[key] = found
+        return found
 
     def close(self) -> None:
         self.bytes = None
+        self._views = {}
         if self._cuda_base is not None:
             base, self._cuda_base = self._cuda_base, None
             _cuda()[0].cuIpcCloseMemHandle(ctypes.c_uint64(base))
