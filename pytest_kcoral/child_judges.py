@@ -202,12 +202,13 @@ class TimedCalls:
             return problems
         config = self.config
         if config.device.startswith("cuda") and not config.checker and self._countable():  # on a CPU a check now costs as much
-            deferred = self._copies(call, made, after, values)
-            if deferred.nbytes <= DEFERRED_BYTES:
-                if self.current.deferred_bytes + deferred.nbytes > DEFERRED_BYTES:
+            reads = self._inputs_read(len(after))
+            nbytes = sum(t.numel() * t.element_size() for t in (*values, *(after[j] for j in reads)) if hasattr(t, "element_size"))
+            if nbytes <= DEFERRED_BYTES:
+                if self.current.deferred_bytes + nbytes > DEFERRED_BYTES:
                     self._flush()
-                self.current.deferred.append(deferred)
-                self.current.deferred_bytes += deferred.nbytes
+                self.current.deferred.append(self._copies(call, made, after, values, reads, nbytes))
+                self.current.deferred_bytes += nbytes
                 return []
         priced = len(self.pricing.costs_s) < _PRICED_FIRST or self.current.checked % _PRICE_EVERY == 0
         if priced:
@@ -227,14 +228,15 @@ class TimedCalls:
         """Whether the reference's outputs are all tensors of kinds one pass can judge (``correctness.mismatch_tally``)."""
         return not self.tol.strict and bool(self.expected) and all(e is not None and not e[0].startswith("complex") for e in self.expected)
 
-    def _copies(self, call: int, made: tuple, after: tuple, values: list[Any]) -> _Deferred:
-        """The call's outputs and the inputs its check reads (those the reference writes, and
-        those that must stay unchanged), copied out of its child's memory."""
-        reads = set(self.config.written_inputs) | {j for j in range(len(after)) if j not in self.config.may_write}
+    def _inputs_read(self, n_inputs: int) -> set[int]:
+        """The inputs a call's check reads: those the reference writes, and those that must stay unchanged."""
+        return set(self.config.written_inputs) | {j for j in range(n_inputs) if j not in self.config.may_write}
+
+    @staticmethod
+    def _copies(call: int, made: tuple, after: tuple, values: list[Any], reads: set[int], nbytes: int) -> _Deferred:
+        """The call's outputs and the inputs its check reads, copied out of its child's memory."""
         kept = tuple(a.clone() if j in reads and hasattr(a, "clone") else None for j, a in enumerate(after))
-        outputs = [v.clone() for v in values]
-        nbytes = sum(t.numel() * t.element_size() for t in (*outputs, *kept) if t is not None)
-        return _Deferred(call, made, outputs, kept, nbytes)
+        return _Deferred(call, made, [v.clone() for v in values], kept, nbytes)
 
     def _expected(self, made: tuple) -> tuple[tuple, tuple]:
         """The judge's outputs on a copy of ``made`` (the reference's, or the baseline's for the
