@@ -60,26 +60,31 @@ TIMING_ROUNDS = 8
 WARMUP_S = 0.05  # warm-up by time before the first round; later rounds follow a warm call
 # On a GPU, shorter still: a launch-bound chain runs at the host's speed, which changes within tens
 # of milliseconds, and rounds of about 30 ms taken in turns see the same speed on both sides
-# (docs/performance.md, "shorter rounds on a GPU"). Launch-bound items work on little data. A round
-# takes at least ``min_samples`` samples, each with its inputs' refresh, and sends a kept timed
-# output back, so items whose inputs and results are large keep ``TIMING_ROUNDS``: many rounds of
-# host-built inputs cost more than they settle.
+# (docs/performance.md, "shorter rounds on a GPU"). Without the trusted feed (a KCoral program's own
+# sets) a round refreshes its inputs through the case's make_inputs in the child and sends a kept
+# timed output back, so items whose inputs and results are large keep ``TIMING_ROUNDS`` there:
+# many such rounds cost more than they settle. Fed, inputs are made on the device, and every item
+# takes short rounds.
 GPU_ROUND_S = 1 / 32
 GPU_MAX_ROUNDS = 32
 GPU_SHORT_ROUNDS_MAX_BYTES = 1 << 20
 # Fewest pairs of rounds before timing may stop at the precision target: a distribution-free 95%
 # interval of a median needs six values (their extremes, 96.9%).
 MIN_ROUND_PAIRS = 6
+# Most pairs of rounds in each pair of processes when an item is timed in several: a pair of
+# processes reads its own speedup, off by up to 2% for identical code (docs/performance.md), which
+# more rounds in it do not move; the median pair's settles the item.
+SEVERAL_PAIRS_ROUND_PAIRS = 8
 # The harness's own timing budget per callable when --kcoral-timing-budget is not given.
 DEFAULT_BUDGET_S = {"cpu": 0.2, "cuda": 1.0}
 
 
-def timing_rounds(device_kind: str, item_bytes: int, budget_s: float) -> int:
+def timing_rounds(device_kind: str, item_bytes: int, budget_s: float, fed: bool = True) -> int:
     """Rounds a side for an item on ``device_kind`` whose inputs and results (outputs and in-place
     results) for one input set take ``item_bytes``, timed for ``budget_s`` a side: on a GPU, rounds
-    of ``GPU_ROUND_S`` for a small item (no fewer than ``TIMING_ROUNDS``, no more than
-    ``GPU_MAX_ROUNDS``)."""
-    if device_kind == "cpu" or item_bytes > GPU_SHORT_ROUNDS_MAX_BYTES:
+    of ``GPU_ROUND_S`` (no fewer than ``TIMING_ROUNDS``, no more than ``GPU_MAX_ROUNDS``), for
+    every item when ``fed``, else for small ones only."""
+    if device_kind == "cpu" or (not fed and item_bytes > GPU_SHORT_ROUNDS_MAX_BYTES):
         return TIMING_ROUNDS
     return max(TIMING_ROUNDS, min(GPU_MAX_ROUNDS, round(budget_s / GPU_ROUND_S)))
 
@@ -103,7 +108,7 @@ def time_item(ctx: ItemContext, candidate: Transport, baseline: Transport | Stag
     # timed calls and a small kernel's time follows where its outputs land.
     timed_alike = dataclasses.replace(time_command(ctx, ref), cpu=cpu)
     first_sides = first_sides_of(ctx)
-    pairs = [timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, next(first_sides))]
+    pairs = [timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, next(first_sides), several=asked_pairs(ctx) > 1)]
     # A launch-bound chain runs at the speed of the process it runs in, and a process can sit at a
     # slower level than another's for seconds (docs/performance.md, "host-set items in three pairs
     # of processes"): an item the host's speed sets is timed again in fresh pairs of processes, and
@@ -155,18 +160,18 @@ def record_figures(ctx: ItemContext, pairs: list[combine.ProcessPair], ref: Refe
 
 
 def timed_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: ReferenceData, processes: Processes,
-               timed_alike: Time, first: str) -> combine.ProcessPair:
+               timed_alike: Time, first: str, several: bool = True) -> combine.ProcessPair:
     """``time_pair``, and under a plan with a feed (``feed.py``) the trusted child feeding both
     sides for it: attached before the first round, its verdict on every timed call judged after
     the last (``judge_feeds``). When a side fails meanwhile, a failure of the case's while feeding
     it comes first: the side only saw its feed break."""
     if not timed_alike.fed:
-        return time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
+        return time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first, several)
     sides = {"candidate": candidate, "baseline": baseline}
     for peer, side in sides.items():
         attach_feed(ctx, processes, ref, peer, side, "timing")
     try:
-        pair = time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
+        pair = time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first, several)
     except StageFailed as failure:
         if not failure.case_failed:
             feed_reports(ctx, processes, after_failure=True)  # raises the case's failure, if feeding found one
@@ -237,7 +242,7 @@ def turn_allowance(stats: TimingStats) -> float:
 
 
 def time_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: ReferenceData, processes: Processes,
-              timed_alike: Time, first: str) -> combine.ProcessPair:
+              timed_alike: Time, first: str, several: bool = False) -> combine.ProcessPair:
     """One pair of processes' timing rounds. Baseline and candidate take turns in rounds, ordered
     ABBA ABBA..., ``first``'s round first, all under one lease: the host's speed drifts within
     seconds (docs/performance.md, "Process noise"), and a drift then hits both sides alike; a
@@ -245,7 +250,10 @@ def time_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: 
     (``combine.undisturbed_pairs``). Which side goes first need not be neutral
     (``alternating_sides``). The candidate keeps timed outputs in every round; one of its fastest
     round's is checked against the reference, and others drawn from the session seed, so no
-    round is safe to cheat in (``timed_outputs_to_check``, ``verified_timed_calls``)."""
+    round is safe to cheat in (``timed_outputs_to_check``, ``verified_timed_calls``). ``several``:
+    the item is timed in several pairs of processes, so this pair takes
+    ``SEVERAL_PAIRS_ROUND_PAIRS`` at most; a first pair that finds it will be (``host_set``) stops
+    there too."""
     keep = timed_alike.verify
     pair = combine.ProcessPair(first=first)
 
@@ -272,7 +280,7 @@ def time_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: 
         one, other = (leads, follows) if r % 2 == 0 else (follows, leads)
         one(r)
         other(r)
-        if precise_enough(ctx, pair):
+        if precise_enough(ctx, pair) or enough_for_one_of_several(ctx, pair, several):
             break
     return pair
 
@@ -295,6 +303,25 @@ def precise_enough(ctx: ItemContext, pair: combine.ProcessPair) -> bool:
         return False
     centre = combine.median_ratio(ratios)
     return centre * (1 - precision) <= interval[0] and interval[1] <= centre * (1 + precision)
+
+
+def enough_for_one_of_several(ctx: ItemContext, pair: combine.ProcessPair, several: bool) -> bool:
+    """Whether a pair of processes has its ``SEVERAL_PAIRS_ROUND_PAIRS`` and is (or, under auto,
+    just turned out to be: ``host_set``) one of the item's several pairs."""
+    taken = len(pair.candidate)
+    if taken < SEVERAL_PAIRS_ROUND_PAIRS:
+        return False
+    if several:
+        return True
+    more_allowed = ctx.plan.max_process_pairs is None or ctx.plan.max_process_pairs > 1
+    return taken == SEVERAL_PAIRS_ROUND_PAIRS and ctx.settings.process_pairs is None and more_allowed and host_set(pair)
+
+
+def asked_pairs(ctx: ItemContext) -> int:
+    """The pairs of processes asked for before any is timed: ``--kcoral-process-pairs`` N within the
+    plan's limit, or 1 under auto (more once the first pair is ``host_set``)."""
+    asked = ctx.settings.process_pairs or 1
+    return min(asked, ctx.plan.max_process_pairs) if ctx.plan.max_process_pairs is not None else asked
 
 
 def first_sides_of(ctx: ItemContext) -> Iterator[str]:
@@ -377,7 +404,7 @@ def rounds_of(ctx: ItemContext, ref: ReferenceData) -> int:
     """The plan's rounds a side, or ``timing_rounds`` for the item's device and size."""
     if ctx.plan.rounds is not None:
         return ctx.plan.rounds
-    return timing_rounds(ctx.device_kind, item_bytes(ref), timing_budget_s(ctx))
+    return timing_rounds(ctx.device_kind, item_bytes(ref), timing_budget_s(ctx), ctx.plan.fed)
 
 
 def verified_timed_calls(item_bytes: int) -> int:

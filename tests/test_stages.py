@@ -7,12 +7,23 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from kernels import triton_add
 
-from pytest_kcoral.results import CASE_FAILED_PREFIX
-from pytest_kcoral.stage_timing import GPU_MAX_ROUNDS, GPU_SHORT_ROUNDS_MAX_BYTES, MIN_ROUND_PAIRS, TIMING_ROUNDS, timing_rounds
+from pytest_kcoral import combine
+from pytest_kcoral.results import CASE_FAILED_PREFIX, TimingStats
+from pytest_kcoral.stage_timing import (
+    GPU_MAX_ROUNDS,
+    GPU_SHORT_ROUNDS_MAX_BYTES,
+    MIN_ROUND_PAIRS,
+    SEVERAL_PAIRS_ROUND_PAIRS,
+    TIMING_ROUNDS,
+    asked_pairs,
+    enough_for_one_of_several,
+    timing_rounds,
+)
 
 GOOD = "def run(a, b):\n    return a + b\n"
 
@@ -529,19 +540,49 @@ def test_baseline_and_candidate_are_timed_in_interleaved_rounds(make_case, run_k
     assert runs[-5:] == [first, second, first, second, first], runs
 
 
-def test_gpu_items_with_little_data_take_shorter_rounds():
+def test_gpu_items_take_shorter_rounds():
     """On a GPU the host's speed, which sets a launch-bound chain's time, changes within tens of
     milliseconds: shorter rounds taken in turns see it alike (docs/performance.md, "shorter rounds on a GPU").
-    Every round takes at least five samples, each refreshing its inputs, so items with large inputs
-    and results keep the usual rounds, as does a CPU's wall clock."""
+    Fed by the trusted child, every item takes them; without the feed (a KCoral program) every round
+    refreshes its inputs in the child, so items with large inputs and results keep the usual
+    rounds there, as does a CPU's wall clock."""
     assert timing_rounds("cuda", 4096, 1.0) == GPU_MAX_ROUNDS == 32
-    assert timing_rounds("cuda", GPU_SHORT_ROUNDS_MAX_BYTES, 1.0) == 32
-    assert timing_rounds("cuda", GPU_SHORT_ROUNDS_MAX_BYTES + 1, 1.0) == TIMING_ROUNDS
+    assert timing_rounds("cuda", GPU_SHORT_ROUNDS_MAX_BYTES + 1, 1.0) == 32
+    assert timing_rounds("cuda", GPU_SHORT_ROUNDS_MAX_BYTES, 1.0, fed=False) == 32
+    assert timing_rounds("cuda", GPU_SHORT_ROUNDS_MAX_BYTES + 1, 1.0, fed=False) == TIMING_ROUNDS
     assert timing_rounds("cpu", 4096, 1.0) == TIMING_ROUNDS
     # rounds of about 30 ms: a smaller budget, fewer rounds, never fewer than the usual ones
     assert timing_rounds("cuda", 4096, 0.5) == 16
     assert timing_rounds("cuda", 4096, 0.1) == TIMING_ROUNDS
     assert timing_rounds("cuda", 4096, 5.0) == GPU_MAX_ROUNDS
+
+
+def _rounds(n: int, busy_us: float) -> list[TimingStats]:
+    return [TimingStats(method="cupti", median_us=10.0, min_us=9.9, n=30, busy_us=busy_us, samples_us=[10.0] * 30) for _ in range(n)]
+
+
+def test_a_pair_of_processes_among_several_takes_few_rounds():
+    """A pair of processes reads its own speedup, which more rounds in it do not move: one of an
+    item's several pairs stops at ``SEVERAL_PAIRS_ROUND_PAIRS`` pairs of rounds, and so does a
+    first pair under auto once the host's speed turns out to set the item (its GPU idle between
+    launches). A GPU-bound item's first pair goes on to its precision or its rounds."""
+    def ctx(pairs: int | None = None, plan_max: int | None = None) -> Any:
+        return SimpleNamespace(settings=SimpleNamespace(process_pairs=pairs), plan=SimpleNamespace(max_process_pairs=plan_max))
+
+    def pair(n: int, busy_us: float) -> combine.ProcessPair:
+        return combine.ProcessPair(baseline=_rounds(n, busy_us), candidate=_rounds(n, busy_us))
+
+    cap = SEVERAL_PAIRS_ROUND_PAIRS
+    assert MIN_ROUND_PAIRS <= cap < GPU_MAX_ROUNDS
+    assert not enough_for_one_of_several(ctx(3), pair(cap - 1, 9.9), several=True)
+    assert enough_for_one_of_several(ctx(3), pair(cap, 9.9), several=True)
+    # under auto: the first pair stops at the cap only when it is host-set (busy 4 us of a 10 us span)
+    assert enough_for_one_of_several(ctx(), pair(cap, 4.0), several=False)
+    assert not enough_for_one_of_several(ctx(), pair(cap, 9.9), several=False)
+    # one pair asked for, or a plan of one pair (KCoral programs): no more pairs follow, so no cap
+    assert not enough_for_one_of_several(ctx(1), pair(cap, 4.0), several=False)
+    assert not enough_for_one_of_several(ctx(plan_max=1), pair(cap, 4.0), several=False)
+    assert asked_pairs(ctx()) == 1 and asked_pairs(ctx(3)) == 3 and asked_pairs(ctx(3, plan_max=1)) == 1
 
 
 def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_way(make_case, run_kcoral, pytester):
