@@ -160,11 +160,11 @@ def record_figures(ctx: ItemContext, pairs: list[combine.ProcessPair], ref: Refe
 
 
 def timed_pair(ctx: ItemContext, candidate: Transport, baseline: Transport, ref: ReferenceData, processes: Processes,
-               timed_alike: Time, first: str, several: bool = True) -> combine.ProcessPair:
+               timed_alike: Time, first: str, several: bool = False) -> combine.ProcessPair:
     """``time_pair``, and under a plan with a feed (``feed.py``) the trusted child feeding both
     sides for it: attached before the first round, its verdict on every timed call judged after
     the last (``judge_feeds``). When a side fails meanwhile, a failure of the case's while feeding
-    it comes first: the side only saw its feed break."""
+    it comes first: the side only saw its feed break. ``several``: as ``time_pair``'s."""
     if not timed_alike.fed:
         return time_pair(ctx, candidate, baseline, ref, processes, timed_alike, first, several)
     sides = {"candidate": candidate, "baseline": baseline}
@@ -378,7 +378,7 @@ def time_in_fresh_processes(ctx: ItemContext, ref: ReferenceData, processes: Pro
                               disqualifies=not failure.case_failed) from None
         baseline = stack.enter_context(processes.fresh_baseline())
         baseline_goes_the_candidates_way(ctx, baseline, ref, processes)
-        pair = timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, first)
+        pair = timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, first, several=True)
         case_call(ctx, processes, Finish(), "baseline", baseline)
         candidate_call(ctx, candidate, Finish(), "finish", "timing")
         return pair
