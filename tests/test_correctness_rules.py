@@ -397,9 +397,9 @@ def test_a_stacked_count_matches_nan_to_nan_and_names_a_changed_input():
 
     refs = [(torch.tensor([1.0, float("nan"), float("inf")]),) for _ in range(3)]
     outs = [(r[0].clone(),) for r in refs]
-    before = [(torch.randn(4), torch.randn(4)) for _ in range(3)]
+    before = [(torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.1, 0.2, 0.3, 0.4])) for _ in range(3)]
     after = [(b[0].clone(), b[1].clone()) for b in before]
-    after[2][1][0] += 1.0  # call 2 wrote its second input, which must stay unchanged
+    after[2][1][0] = -7.25  # call 2 wrote its second input, which must stay unchanged: all 4 bytes of 0.1 differ
     after[1][0][0] += 1.0  # call 1 wrote its first, which it may
     found = _tally(outs, refs, before, after, may_change=[0])
     assert found == [[], [], ["input 1 was modified (4 bytes changed); only inputs listed in INPLACE may be written"]]
