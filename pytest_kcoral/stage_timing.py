@@ -311,10 +311,7 @@ def enough_for_one_of_several(ctx: ItemContext, pair: combine.ProcessPair, sever
     taken = len(pair.candidate)
     if taken < SEVERAL_PAIRS_ROUND_PAIRS:
         return False
-    if several:
-        return True
-    more_allowed = ctx.plan.max_process_pairs is None or ctx.plan.max_process_pairs > 1
-    return taken == SEVERAL_PAIRS_ROUND_PAIRS and ctx.settings.process_pairs is None and more_allowed and host_set(pair)
+    return several or (taken == SEVERAL_PAIRS_ROUND_PAIRS and process_pairs_for(ctx, [pair]) > 1)
 
 
 def asked_pairs(ctx: ItemContext) -> int:

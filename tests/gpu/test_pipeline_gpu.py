@@ -85,9 +85,9 @@ def reference(a, b):
 
 def test_a_host_set_item_is_timed_in_more_pairs_of_processes(tmp_path):
     """Under --kcoral-process-pairs auto, an item the host's speed sets (GPU idle between
-    launches) is timed again in fresh pairs of processes; a GPU-bound one in one pair. Items with
-    every item fed by the trusted child takes shorter rounds (``stage_timing.timing_rounds``), and
-    each of several pairs at most ``SEVERAL_PAIRS_ROUND_PAIRS`` pairs of rounds."""
+    launches) is timed again in fresh pairs of processes; a GPU-bound one in one pair. Every item
+    fed by the trusted child takes shorter rounds (``stage_timing.timing_rounds``), and each of
+    several pairs at most ``SEVERAL_PAIRS_ROUND_PAIRS`` pairs of rounds."""
     chain = "def run(a, b):\n    x = a\n    for _ in range(8):\n        x = x + b\n    return x\n"
     proc, doc = grade_in_subprocess(tmp_path, CHAIN_CASE, {"chain": chain}, "--kcoral-timing-budget", "0.3")
     assert proc.returncode == 0, proc.stdout[-3000:]
