@@ -29,7 +29,7 @@ from pathlib import Path
 from _grade import ROOT, grade, graded_items
 from self_speedup import write_submissions
 
-PHASES = ("compile", "reference", "correctness", "timing", "verify")
+PHASES = ("compile", "reference", "correctness", "timing", "verify", "fresh_processes")
 
 
 def main() -> None:

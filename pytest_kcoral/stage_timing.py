@@ -366,15 +366,16 @@ def time_in_fresh_processes(ctx: ItemContext, ref: ReferenceData, processes: Pro
     correctness run checked (a candidate right in one process only is wrong), the baseline
     loaded and given the same run. Both end before this returns, still under the lease."""
     with contextlib.ExitStack() as stack:
-        try:
-            candidate = stack.enter_context(processes.fresh_candidate())
-            check_correctness(ctx, candidate, ref, processes)
-        except StageFailed as failure:
-            raise StageFailed("timing", "timed again in fresh processes (the host's speed sets this item's), the candidate's"
-                              f" new process failed at {failure.stage}: {failure.message}", failure.phase, case_failed=failure.case_failed,
-                              disqualifies=not failure.case_failed) from None
-        baseline = stack.enter_context(processes.fresh_baseline())
-        baseline_goes_the_candidates_way(ctx, baseline, ref, processes)
+        with timed_phase(ctx.result, "fresh_processes"):  # their start-up, apart from their rounds
+            try:
+                candidate = stack.enter_context(processes.fresh_candidate())
+                check_correctness(ctx, candidate, ref, processes)
+            except StageFailed as failure:
+                raise StageFailed("timing", "timed again in fresh processes (the host's speed sets this item's), the candidate's"
+                                  f" new process failed at {failure.stage}: {failure.message}", failure.phase,
+                                  case_failed=failure.case_failed, disqualifies=not failure.case_failed) from None
+            baseline = stack.enter_context(processes.fresh_baseline())
+            baseline_goes_the_candidates_way(ctx, baseline, ref, processes)
         pair = timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, first, several=True)
         case_call(ctx, processes, Finish(), "baseline", baseline)
         candidate_call(ctx, candidate, Finish(), "finish", "timing")

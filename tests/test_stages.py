@@ -613,7 +613,7 @@ def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_wa
 def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pairs_way(make_case, run_kcoral, pytester):
     """A launch-bound chain runs at the speed of its process, and one process can sit slower than
     another for seconds (docs/performance.md, "The level changes within a process, in time"): ``--kcoral-process-pairs N`` times
-    an item in N pairs of processes (auto: five for host-set items on a GPU, one otherwise). Each new
+    an item in N pairs of processes (auto: three for host-set items on a GPU, one otherwise). Each new
     candidate child loads the candidate and gets the correctness run, each new baseline child the
     same run, and the pairs take turns within themselves, the side that goes first alternating
     from pair to pair (``stage_timing.alternating_sides``)."""
@@ -624,6 +624,8 @@ def test_an_item_is_timed_again_in_fresh_pairs_of_processes_that_go_the_first_pa
     base, cand = item["baseline_timing"], item["candidate_timing"]
     pairs = cand["processes"]
     assert pairs == base["processes"] == 3
+    phases = item["phases_ms"]  # the further pairs' start-up, within the timing stage
+    assert 0 < phases["fresh_processes"] < phases["timing"], phases
     assert len(base["process_medians_us"]) == len(cand["process_medians_us"]) == pairs
     assert len(cand["round_medians_us"]) == len(base["round_medians_us"]) == pairs * TIMING_ROUNDS
     (turns,) = [f for f in cand["flags"] if f.startswith("first_in_turns=")]
