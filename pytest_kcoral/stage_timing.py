@@ -20,7 +20,8 @@ import itertools
 import math
 import os
 import random
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from pytest_kcoral import checker, combine, correctness, speed_of_light, speedup_interval
@@ -367,6 +368,9 @@ def time_in_fresh_processes(ctx: ItemContext, ref: ReferenceData, processes: Pro
     loaded and given the same run. Both end before this returns, still under the lease."""
     with contextlib.ExitStack() as stack:
         with timed_phase(ctx.result, "fresh_processes"):  # their start-up, apart from their rounds
+            # the baseline's process starts while the candidate's loads and runs its trials: the
+            # two start-ups (an interpreter, a CUDA context) overlap, and nothing is timed meanwhile
+            started_baseline = enter_beside(stack, processes.fresh_baseline())
             try:
                 candidate = stack.enter_context(processes.fresh_candidate())
                 check_correctness(ctx, candidate, ref, processes)
@@ -374,12 +378,44 @@ def time_in_fresh_processes(ctx: ItemContext, ref: ReferenceData, processes: Pro
                 raise StageFailed("timing", "timed again in fresh processes (the host's speed sets this item's), the candidate's"
                                   f" new process failed at {failure.stage}: {failure.message}", failure.phase,
                                   case_failed=failure.case_failed, disqualifies=not failure.case_failed) from None
-            baseline = stack.enter_context(processes.fresh_baseline())
+            baseline = started_baseline()
             baseline_goes_the_candidates_way(ctx, baseline, ref, processes)
         pair = timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, first, several=True)
         case_call(ctx, processes, Finish(), "baseline", baseline)
         candidate_call(ctx, candidate, Finish(), "finish", "timing")
         return pair
+
+
+def enter_beside(stack: contextlib.ExitStack, manager: contextlib.AbstractContextManager[T]) -> Callable[[], T]:
+    """Enter ``manager`` in a thread of its own, beside what this thread does next; the returned
+    function waits for it and gives what it entered (or raises what entering raised). ``stack``
+    waits for it too, and leaves the manager, however the block ends."""
+    outcome: list[Any] = []
+
+    def enter() -> None:
+        try:
+            outcome.append((True, manager.__enter__()))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread, by ``entered``
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=enter, name="kcoral-enter-beside", daemon=True)
+    thread.start()
+
+    def leave() -> None:
+        thread.join()
+        if outcome and outcome[0][0]:
+            manager.__exit__(None, None, None)
+
+    stack.callback(leave)
+
+    def entered() -> T:
+        thread.join()
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    return entered
 
 
 def time_command(ctx: ItemContext, ref: ReferenceData) -> Time:

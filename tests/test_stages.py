@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +24,7 @@ from pytest_kcoral.stage_timing import (
     TIMING_ROUNDS,
     asked_pairs,
     enough_for_one_of_several,
+    enter_beside,
     timing_rounds,
 )
 
@@ -583,6 +586,42 @@ def test_a_pair_of_processes_among_several_takes_few_rounds():
     assert not enough_for_one_of_several(ctx(1), pair(cap, 4.0), several=False)
     assert not enough_for_one_of_several(ctx(plan_max=1), pair(cap, 4.0), several=False)
     assert asked_pairs(ctx()) == 1 and asked_pairs(ctx(3)) == 3 and asked_pairs(ctx(3, plan_max=1)) == 1
+
+
+def test_a_fresh_pairs_baseline_starts_beside_the_candidate_and_is_always_left():
+    """A further pair's baseline process starts in a thread beside the candidate's start-up
+    (``enter_beside``): what it entered comes back, what entering raised is raised where it is
+    asked for, and it is left when the block ends, also when the block fails before asking."""
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def manager(fail: bool) -> Any:
+        events.append(f"enter in {threading.current_thread().name}")
+        if fail:
+            raise RuntimeError("the baseline could not start")
+        try:
+            yield "baseline"
+        finally:
+            events.append("left")
+
+    with contextlib.ExitStack() as stack:
+        entered = enter_beside(stack, manager(False))
+        assert entered() == "baseline"
+        assert "left" not in events
+    assert events == ["enter in kcoral-enter-beside", "left"]
+
+    events.clear()
+    with pytest.raises(ValueError, match="the candidate failed"), contextlib.ExitStack() as stack:
+        enter_beside(stack, manager(False))
+        raise ValueError("the candidate failed")
+    assert events[-1] == "left"
+
+    events.clear()
+    with contextlib.ExitStack() as stack:
+        entered = enter_beside(stack, manager(True))
+        with pytest.raises(RuntimeError, match="could not start"):
+            entered()
+    assert "left" not in events
 
 
 def test_the_baseline_is_timed_in_a_child_of_its_own_that_goes_the_candidates_way(make_case, run_kcoral, pytester):
