@@ -14,13 +14,13 @@ goes first.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
 import math
 import os
 import random
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -390,32 +390,16 @@ def enter_beside(stack: contextlib.ExitStack, manager: contextlib.AbstractContex
     """Enter ``manager`` in a thread of its own, beside what this thread does next; the returned
     function waits for it and gives what it entered (or raises what entering raised). ``stack``
     waits for it too, and leaves the manager, however the block ends."""
-    outcome: list[Any] = []
-
-    def enter() -> None:
-        try:
-            outcome.append((True, manager.__enter__()))
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread, by ``entered``
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=enter, name="kcoral-enter-beside", daemon=True)
-    thread.start()
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kcoral-enter-beside")
+    entering = pool.submit(manager.__enter__)
+    pool.shutdown(wait=False)
 
     def leave() -> None:
-        thread.join()
-        if outcome and outcome[0][0]:
+        if entering.exception() is None:  # waits for the thread; a manager never entered is not left
             manager.__exit__(None, None, None)
 
     stack.callback(leave)
-
-    def entered() -> T:
-        thread.join()
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value  # type: ignore[no-any-return]
-
-    return entered
+    return entering.result
 
 
 def time_command(ctx: ItemContext, ref: ReferenceData) -> Time:

@@ -608,7 +608,7 @@ def test_a_fresh_pairs_baseline_starts_beside_the_candidate_and_is_always_left()
         entered = enter_beside(stack, manager(False))
         assert entered() == "baseline"
         assert "left" not in events
-    assert events == ["enter in kcoral-enter-beside", "left"]
+    assert events == ["enter in kcoral-enter-beside_0", "left"]
 
     events.clear()
     with pytest.raises(ValueError, match="the candidate failed"), contextlib.ExitStack() as stack:
