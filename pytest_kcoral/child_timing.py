@@ -210,6 +210,7 @@ def time_round(held: OwnSets | FedSets, case: CaseRuntime, command: Time, device
             budget_s=command.budget_s,
             warmup_s=command.warmup_s,
             min_samples=command.min_samples,
+            budget_cap=timing.BUDGET_CAP,
         )
     if fed:
         held.end_round()  # type: ignore[union-attr]

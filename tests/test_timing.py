@@ -146,6 +146,29 @@ def test_max_and_min_samples() -> None:
     assert result.n == 12
 
 
+def test_a_call_longer_than_the_rounds_budget_is_timed_a_few_times_not_min_samples_times() -> None:
+    """With the grader's ``budget_cap``, the timed calls stop past that many budgets however few
+    they are; and a later round (no warm-up time) whose first call took the whole budget goes
+    straight to its timed calls. Without the cap, ``min_samples`` still holds (``benchmark``)."""
+    calls: list[int] = []
+
+    def slow(i: int) -> None:
+        calls.append(i)
+        busy_wait(0.03)
+
+    capped = timing.measure(slow, n_sets=1, budget_s=0.01, warmup_s=0, min_samples=5, budget_cap=timing.BUDGET_CAP)
+    assert capped.n == 1 and len(calls) == 2  # the first call, then one timed call past twice the budget
+    calls.clear()
+    uncapped = timing.measure(slow, n_sets=1, budget_s=0.01, warmup_s=0, min_samples=5)
+    assert uncapped.n == 5 and len(calls) == 6  # the first call took the budget: no warm-up call
+    calls.clear()
+    timing.measure(slow, n_sets=1, budget_s=0.01, warmup_s=0.001, min_samples=5, budget_cap=timing.BUDGET_CAP)
+    assert len(calls) == 3  # a first round's warm-up is kept: the first call, one warm-up call, one timed call
+    # a short call still fills its budget and min_samples: the cap only bounds what outlasts it
+    short = timing.measure(lambda i: busy_wait(0.0005), n_sets=1, budget_s=0.01, warmup_s=0, min_samples=5,
+                           budget_cap=timing.BUDGET_CAP, rse_target=0)
+    assert short.n >= 5
+
 def test_rse_of_median() -> None:
     assert stats.rse_of_median([1.0]) == float("inf")
     assert stats.rse_of_median([5.0] * 50) == 0.0
