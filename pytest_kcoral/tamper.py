@@ -78,6 +78,8 @@ class Snapshot:
     # each key's path, resolved once (``_path``): the check runs after every command
     _paths: dict[str, tuple[str, tuple[str, ...], bool]] = field(default_factory=dict)
     _groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, str, int, bool]]] | None = field(default=None, repr=False)
+    # each watched class's own names when taken: one set later over a base's method shadows it
+    _class_names: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def take(cls) -> Snapshot:
@@ -95,8 +97,10 @@ class Snapshot:
         for module_name, class_name in _WATCHED_CLASSES:
             cls_obj = getattr(sys.modules.get(module_name), class_name, None)
             if isinstance(cls_obj, type):
+                snap._class_names[(module_name, class_name)] = frozenset(vars(cls_obj))
                 for name, value in list(vars(cls_obj).items()):
                     snap._record(f"{module_name}.{class_name}.{name}", value)
+        snap._groups = snap._grouped()  # now, before candidate code could replace what builds them
         return snap
 
     def _watch(self, module_name: str, module: Any, names: tuple[str, ...] | None) -> None:
@@ -128,7 +132,9 @@ class Snapshot:
             self._paths[key + _CODE] = _path(key + _CODE)
 
     def changed(self) -> list[str]:
-        """Watched names now bound to a different object (or deleted)."""
+        """Watched names now bound to a different object (or deleted), and methods of a watched
+        class's base set on the class itself (``torch.Tensor.copy_ = ...`` shadows the
+        ``TensorBase`` method the harness calls)."""
         if self._groups is None:
             self._groups = self._grouped()
         problems = []
@@ -143,7 +149,20 @@ class Snapshot:
                     current = getattr(current, "__code__", missing)
                 if current is missing or id(current) != ident:
                     problems.append(key)
+        for (module_name, class_name), known in self._class_names.items():
+            cls_obj = getattr(modules.get(module_name), class_name, None)
+            if isinstance(cls_obj, type) and len(vars(cls_obj)) != len(known):
+                problems += [f"{module_name}.{class_name}.{name} (over a method of its base {base})"
+                             for name in sorted(set(vars(cls_obj)) - known) for base in self._shadowed(cls_obj, name)]
         return problems
+
+    def _shadowed(self, cls_obj: type, name: str) -> list[str]:
+        """The watched base class whose watched ``name`` a new attribute of ``cls_obj`` hides."""
+        for module_name, class_name in _WATCHED_CLASSES:
+            base = getattr(sys.modules.get(module_name), class_name, None)
+            if base is not cls_obj and base in cls_obj.__mro__ and f"{module_name}.{class_name}.{name}" in self.ids:
+                return [f"{module_name}.{class_name}"]
+        return []
 
     def _grouped(self) -> dict[tuple[str, tuple[str, ...]], list[tuple[str, str, int, bool]]]:
         """The watched keys by the namespace that holds them, so each namespace is found once a

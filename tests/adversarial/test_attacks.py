@@ -104,6 +104,13 @@ def test_patching_perf_counter_is_detected(make_case, run_kcoral):
                                  "replaced functions the harness relies on (timers, synchronization, comparison or the harness itself): time.perf_counter*"])
 
 
+def test_a_tensor_base_method_set_on_torch_tensor_is_detected(make_case, run_kcoral):
+    result = _grade(make_case, run_kcoral, attacks.SHADOW_A_TENSOR_METHOD, *FULL)
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': *replaced functions the harness relies on*"
+                                 "torch.Tensor.copy_ (over a method of its base torch._C.TensorBase)*"])
+
+
 def test_patching_cupti_is_detected(make_case, run_kcoral):
     # a CPU run never loads cupti-python, so the case loads a stand-in package beside it (on the
     # path of every process of the case, candidates' included) before the candidate does
