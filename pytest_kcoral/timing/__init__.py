@@ -382,7 +382,8 @@ def _timed_calls(window: Callable[[Callable[[int], Any], int, str], Any], empty:
     error is under ``rse_target``; whether it converged."""
     perf = _perf_counter
     started = perf()
-    deadline, cap = started + budget_s, started + budget_cap * budget_s
+    deadline = started + budget_s
+    cap = started + budget_cap * budget_s if math.isfinite(budget_cap) else math.inf  # never inf * 0
     n = 0
     next_check = max(min_samples, _FIRST_CHECK)
     growth = _CHECK_GROWTH.get(timer.method, _CHECK_GROWTH_DEFAULT)
