@@ -4,6 +4,8 @@
 - A *trusted child* per case: it makes inputs and runs the reference, never a candidate.
 - A *baseline child* per case: it times the baseline the way a candidate's child times the
   candidate, so both sides are timed in processes with the same history.
+- For an item timed in several pairs of processes, each further pair's candidate child and
+  baseline child, kept by pair in the same way.
 
 Every child that imports the case starts only from the case's files as collected
 (``require_case_as_collected``). ``LocalProcesses`` hands them to the stages (``transport.Processes``).
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from pytest_kcoral import confine, isolation
@@ -23,7 +25,7 @@ from pytest_kcoral.child import BASELINE, CANDIDATE, TRUSTED
 from pytest_kcoral.context import Budget, ItemContext, ItemSpec, StageFailed, derive_seed
 from pytest_kcoral.failures import candidate_call, describe_child_failure, needs_cuda
 from pytest_kcoral.isolation import Child, ChildFailure
-from pytest_kcoral.kept_children import CaseChildren, KeptCandidates
+from pytest_kcoral.kept_children import MAX_FURTHER_BASELINES, CaseChildren, KeptCandidates
 from pytest_kcoral.messages import LoadBaseline, LoadCandidate
 from pytest_kcoral.options import Settings
 from pytest_kcoral.results import CASE_FAILED_PREFIX
@@ -83,6 +85,9 @@ class LocalChildren:
         self.candidates = KeptCandidates()
         self.trusted_children = CaseChildren()
         self.baseline_children = CaseChildren()
+        # further pairs' children, by pair (``further_candidate``, ``further_baseline``)
+        self.further_candidates = KeptCandidates()
+        self.further_baselines = CaseChildren(MAX_FURTHER_BASELINES)
 
     def case_spec(self, case: Case) -> dict[str, Any]:
         return case_spec(case, self.settings, self.device_kind, self.cpu_threads)
@@ -93,8 +98,21 @@ class LocalChildren:
         this case left, which holds the candidate already. Otherwise a fresh one, in which nothing
         of the candidate has run yet (``load_candidate`` comes next): a failure here is the case's
         (one that crashes or hangs at import in a child only), and the message says so."""
+        child = self._candidate_child(ctx, self.candidates, candidate_key(ctx.spec) if reuse else None)
+        stack.callback(self._close_unless_kept, child)
+        return child
+
+    def further_candidate(self, ctx: ItemContext, index: int) -> Child:
+        """The candidate's child for the item's further pair of processes ``index`` (1, 2, ...):
+        the one that pair used in the candidate's last passed item of the case, else a fresh one.
+        The caller loads the candidate, and hands the child to ``keep_or_close_further`` when the
+        item is over."""
+        return self._candidate_child(ctx, self.further_candidates, (*candidate_key(ctx.spec), index))
+
+    def _candidate_child(self, ctx: ItemContext, kept: KeptCandidates, key: Hashable | None) -> Child:
+        """The child ``kept`` holds under ``key`` (None: none is reused), or a fresh one."""
         spec = ctx.spec
-        child = self.candidates.take(candidate_key(spec)) if reuse else None
+        child = kept.take(key) if key is not None else None
         if child is None:
             require_case_as_collected(spec.case, "compile", "startup")
             try:
@@ -105,15 +123,24 @@ class LocalChildren:
                                                               case_failed=True) from None
         ctx.budget.hold(child)
         child.items_served += 1
-        stack.callback(self._close_unless_kept, child)
         return child
 
     def keep_or_close(self, spec: ItemSpec, child: Child, passed: bool) -> None:
         """At the end of an item, before the device is given back: a child whose item passed is
         paused and kept for the candidate's next item; any other is closed, so nothing it left
         running overlaps the next holder's measurements."""
+        key = candidate_key(spec)
         if passed and child.process.exitcode is None:
-            self.candidates.keep(candidate_key(spec), child)
+            self.candidates.keep(key, child)
+        else:
+            child.close()
+            # and the candidate's further pairs' children: after a failure, all its next item's processes are fresh
+            self.further_candidates.close_where(lambda kept: isinstance(kept, tuple) and kept[:len(key)] == key)
+
+    def keep_or_close_further(self, spec: ItemSpec, index: int, child: Child, passed: bool) -> None:
+        """``keep_or_close`` for a further pair's candidate child."""
+        if passed and child.process.exitcode is None:
+            self.further_candidates.keep((*candidate_key(spec), index), child)
         else:
             child.close()
 
@@ -144,11 +171,27 @@ class LocalChildren:
             child = fresh
         return self.baseline_children.keep(key, child)
 
+    def further_baseline(self, ctx: ItemContext, index: int) -> Child | StageFailed:
+        """The case's baseline child for an item's further pair of processes ``index`` (1, 2,
+        ...), kept across the case's items as ``baseline`` keeps the first pair's; or the case's
+        failure to start one."""
+        case = ctx.spec.case
+        key = (case.case_id, case.content_hash, index)
+        child = self.further_baselines.take(key)
+        if child is None:
+            fresh = self.fresh_baseline(ctx)
+            if isinstance(fresh, StageFailed):
+                return fresh
+            child = fresh
+        else:
+            child.deadline = time.monotonic() + self.settings.timeout_s  # as a fresh one's (``fresh_baseline``)
+        return self.further_baselines.keep(key, child)
+
     def fresh_baseline(self, ctx: ItemContext) -> Child | StageFailed:
-        """A new baseline child holding the baseline (``baseline`` keeps one per case; a host-set
-        item's further pairs of processes each start one). One started after candidate code ran is
-        as safe as the first: it imports the case only as collected, and compiles its kernels in a
-        directory of its own (``child._compile_without_shared_caches``)."""
+        """A new baseline child holding the baseline (``baseline`` and ``further_baseline`` keep
+        them). One started after candidate code ran is as safe as the first: it imports the case
+        only as collected, and compiles its kernels in a directory of its own
+        (``child._compile_without_shared_caches``)."""
         case = ctx.spec.case
         child = None
         try:
@@ -186,19 +229,23 @@ class LocalChildren:
         """Never reuse a kept child that failed: it may be dead, hung or in a bad state."""
         self.trusted_children.forget(child)
         self.baseline_children.forget(child)
+        self.further_baselines.forget(child)
         child.close()
 
     def resume_kept(self) -> None:
         """SIGCONT to the kept trusted and baseline children (``CaseChildren.resume``)."""
         self.trusted_children.resume()
         self.baseline_children.resume()
+        self.further_baselines.resume()
 
     def close(self) -> None:
         """End every child (the session is over), and whatever any child left running outside its
         tree (``isolation.sweep_session_processes``)."""
         self.candidates.close()
+        self.further_candidates.close()
         self.trusted_children.close()
         self.baseline_children.close()
+        self.further_baselines.close()
         isolation.sweep_session_processes()
 
 
@@ -208,6 +255,7 @@ class LocalProcesses:
     def __init__(self, children: LocalChildren, ctx: ItemContext) -> None:
         self.children = children
         self.ctx = ctx
+        self.further: list[tuple[int, Child]] = []  # further pairs' candidate children, until ``settle_further``
 
     def trusted(self) -> Transport:
         return self.children.trusted(self.ctx.spec.case, self.ctx.budget)
@@ -219,21 +267,25 @@ class LocalProcesses:
         self.children.forget(process)
 
     @contextlib.contextmanager
-    def fresh_candidate(self) -> Iterator[Transport]:
-        with contextlib.ExitStack() as stack:
-            candidate = self.children.candidate(self.ctx, stack)
-            candidate_call(self.ctx, candidate, load_candidate(self.ctx.spec), "import", "compile")
-            yield candidate
+    def further_candidate(self, index: int) -> Iterator[Transport]:
+        candidate = self.children.further_candidate(self.ctx, index)
+        self.further.append((index, candidate))  # kept or closed once the item is over (``settle_further``)
+        candidate_call(self.ctx, candidate, load_candidate(self.ctx.spec), "import", "compile")
+        yield candidate
 
     @contextlib.contextmanager
-    def fresh_baseline(self) -> Iterator[Transport]:
-        baseline = self.children.fresh_baseline(self.ctx)
+    def further_baseline(self, index: int) -> Iterator[Transport]:
+        baseline = self.children.further_baseline(self.ctx, index)
         if isinstance(baseline, StageFailed):
             raise baseline
-        try:
-            yield baseline
-        finally:
-            baseline.close()
+        yield baseline  # kept for the case's next item unless it failed (``forget``)
+
+    def settle_further(self, passed: bool) -> None:
+        """The item is over: its further pairs' candidate children are kept if it ``passed``
+        (``LocalChildren.keep_or_close_further``), else closed."""
+        further, self.further = self.further, []
+        for index, child in further:
+            self.children.keep_or_close_further(self.ctx.spec, index, child, passed)
 
 
 def candidate_key(spec: ItemSpec) -> tuple[str, str, str]:

@@ -9,6 +9,10 @@
 - ``CaseChildren``: a case's trusted children, or its baseline children, one per case, kept
   across its items: they never run a candidate, and reusing them saves a process start, a case
   import and, on a GPU, a CUDA context per item.
+- An item timed in several pairs of processes (``stage_timing.process_pairs_for``) keeps its
+  further pairs the same way, by pair: the candidate's further children in a ``KeptCandidates`` of
+  their own, the baseline's in a ``CaseChildren`` of their own. Starting two pairs cost a host-set
+  item about 1.8 s on an H100, more than its rounds (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import contextlib
 import os
 import signal
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from pytest_kcoral.isolation import Child
 
@@ -51,6 +55,11 @@ class KeptCandidates:
         while len(self._kept) > self.limit:
             self._kept.popitem(last=False)[1].close()
 
+    def close_where(self, belongs: Callable[[Hashable], bool]) -> None:
+        """Close the kept children whose keys ``belongs`` picks."""
+        for key in [key for key in self._kept if belongs(key)]:
+            self._kept.pop(key).close()
+
     def holds(self, child: Child) -> bool:
         return any(kept is child for kept in self._kept.values())
 
@@ -63,7 +72,11 @@ class KeptCandidates:
 # recently used closed first).
 MAX_CASE_CHILDREN = 4
 
-CaseKey = tuple[str, str]  # (case id, content hash): a case as collected
+# Further pairs' baseline children, one per case and pair: a case's items take turns with the
+# case's other candidates, not with other cases, so two cases' worth is enough.
+MAX_FURTHER_BASELINES = 4
+
+CaseKey = Hashable  # (case id, content hash): a case as collected; with a pair's index for further pairs
 
 
 class CaseChildren:

@@ -86,6 +86,7 @@ class LocalExecutor:
             stack.callback(self.children.resume_kept)
             passed: list[bool] = []  # set once the item's last command came back: the child may be kept
             stack.callback(lambda: self.children.keep_or_close(ctx.spec, candidate, bool(passed)))
+            stack.callback(lambda: processes.settle_further(bool(passed)))
             if isinstance(baseline, Child):
                 ctx.budget.hold(baseline)
             with timed_phase(result, "reference"):

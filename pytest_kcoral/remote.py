@@ -172,10 +172,10 @@ class RemoteProcesses:
     def forget(self, process: Transport) -> None:
         process.close()  # each program had a worker of its own, gone with it
 
-    def fresh_candidate(self) -> contextlib.AbstractContextManager[Transport]:
+    def further_candidate(self, index: int) -> contextlib.AbstractContextManager[Transport]:
         raise NotImplementedError("one pair of programs per item (context.REMOTE)")
 
-    def fresh_baseline(self) -> contextlib.AbstractContextManager[Transport]:
+    def further_baseline(self, index: int) -> contextlib.AbstractContextManager[Transport]:
         raise NotImplementedError("one pair of programs per item (context.REMOTE)")
 
 

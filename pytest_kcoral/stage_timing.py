@@ -5,7 +5,8 @@ minimum speedup).
 - ``time_item``: the stage, from the baseline's correctness run to the last gate.
 - ``time_pair``: one pair of processes' rounds, taken in turns, until the rounds are precise
   enough (``--kcoral-precision``) or the rounds run out.
-- Further pairs of fresh processes for an item the host's speed sets (``process_pairs_for``).
+- Further pairs of processes for an item the host's speed sets (``process_pairs_for``), kept
+  by pair across the case's items.
 - The figures come from ``combine.py``; how sure the speedup is from ``speedup_interval.py``.
 
 The plan (``context.Plan``) says how many rounds and pairs a transport can take, and which side
@@ -112,10 +113,10 @@ def time_item(ctx: ItemContext, candidate: Transport, baseline: Transport | Stag
     pairs = [timed_pair(ctx, candidate, baseline, ref, processes, timed_alike, next(first_sides), several=asked_pairs(ctx) > 1)]
     # A launch-bound chain runs at the speed of the process it runs in, and a process can sit at a
     # slower level than another's for seconds (docs/performance.md, "host-set items in three pairs
-    # of processes"): an item the host's speed sets is timed again in fresh pairs of processes, and
+    # of processes"): an item the host's speed sets is timed again in further pairs of processes, and
     # the median pair's figures are its own (``combine.median_pair``).
     while len(pairs) < process_pairs_for(ctx, pairs):
-        pairs.append(time_in_fresh_processes(ctx, ref, processes, timed_alike, next(first_sides)))
+        pairs.append(time_in_further_processes(ctx, ref, processes, timed_alike, next(first_sides), len(pairs)))
     floor, cost = references.floor_and_cost(ctx, processes)
     baseline_stats, candidate_stats = record_figures(ctx, pairs, ref)
     # the trusted child sent the case's cost already validated (``speed_of_light.valid_cost``)
@@ -361,22 +362,25 @@ def host_set(pair: combine.ProcessPair) -> bool:
         return False  # a side without samples: combining all pairs says which
 
 
-def time_in_fresh_processes(ctx: ItemContext, ref: ReferenceData, processes: Processes, timed_alike: Time, first: str) -> combine.ProcessPair:
-    """Another pair of rounds, in a fresh candidate process and a fresh baseline process, each
-    brought to its timing the way the first pair's were: the candidate loaded and its
-    correctness run checked (a candidate right in one process only is wrong), the baseline
-    loaded and given the same run. Both end before this returns, still under the lease."""
+def time_in_further_processes(ctx: ItemContext, ref: ReferenceData, processes: Processes, timed_alike: Time, first: str,
+                              index: int) -> combine.ProcessPair:
+    """Another pair of rounds, the item's pair of processes ``index`` (1, 2, ...): a candidate
+    process and a baseline process other than the first pair's, fresh or kept by this pair from
+    the case's earlier items (``children.LocalChildren.further_candidate``), each brought to its
+    timing the way the first pair's were: the candidate loaded and its correctness run checked
+    (a candidate right in one process only is wrong), the baseline given the same run. Both are
+    done with the item (``Finish``) before this returns, still under the lease."""
     with contextlib.ExitStack() as stack:
         with timed_phase(ctx.result, "fresh_processes"):  # their start-up, apart from their rounds
             # the baseline's process starts while the candidate's loads and runs its trials: the
             # two start-ups (an interpreter, a CUDA context) overlap, and nothing is timed meanwhile
-            started_baseline = enter_beside(stack, processes.fresh_baseline())
+            started_baseline = enter_beside(stack, processes.further_baseline(index))
             try:
-                candidate = stack.enter_context(processes.fresh_candidate())
+                candidate = stack.enter_context(processes.further_candidate(index))
                 check_correctness(ctx, candidate, ref, processes)
             except StageFailed as failure:
-                raise StageFailed("timing", "timed again in fresh processes (the host's speed sets this item's), the candidate's"
-                                  f" new process failed at {failure.stage}: {failure.message}", failure.phase,
+                raise StageFailed("timing", "timed again in another pair of processes (the host's speed sets this item's), the"
+                                  f" candidate's process there failed at {failure.stage}: {failure.message}", failure.phase,
                                   case_failed=failure.case_failed, disqualifies=not failure.case_failed) from None
             baseline = started_baseline()
             baseline_goes_the_candidates_way(ctx, baseline, ref, processes)

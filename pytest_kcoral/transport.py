@@ -48,13 +48,13 @@ class Processes(Protocol):
     def forget(self, process: Transport) -> None:
         """A case process that failed: never reuse it."""
 
-    def fresh_candidate(self) -> AbstractContextManager[Transport]:
-        """A fresh process holding the candidate (loaded, not yet run), for timing in a further
-        pair of processes (``Plan.max_process_pairs``); closed when the block ends. Raises
-        ``context.StageFailed`` as the compile stage would."""
+    def further_candidate(self, index: int) -> AbstractContextManager[Transport]:
+        """A process holding the candidate (loaded, not yet run) for the item's further pair of
+        processes ``index`` (1, 2, ...: ``Plan.max_process_pairs``): never the item's first
+        candidate process. Raises ``context.StageFailed`` as the compile stage would."""
         ...
 
-    def fresh_baseline(self) -> AbstractContextManager[Transport]:
-        """A fresh process holding the baseline, the other half of that pair; closed when the
-        block ends. Raises ``context.StageFailed``: the case's failure."""
+    def further_baseline(self, index: int) -> AbstractContextManager[Transport]:
+        """A process holding the baseline, the other half of that pair, never the first pair's.
+        Raises ``context.StageFailed``: the case's failure."""
         ...

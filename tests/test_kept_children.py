@@ -61,6 +61,67 @@ def test_after_a_failed_item_the_candidate_starts_a_fresh_process(make_case, run
     assert items[256]["extra"]["candidate_process"]["pid"] != items[128]["extra"]["candidate_process"]["pid"]
 
 
+FOUR_SHAPES_LOGGED = """
+import os
+import torch
+SEEN = [{"n": 64}, {"n": 128}, {"n": 256}, {"n": 512}]
+LOG = __LOG__
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def log(who, a):
+    with open(LOG, "a") as f:
+        f.write(f"{who} {a.numel()} {os.getpid()}\\n")
+
+def reference(a, b):
+    log("R", a)
+    return a + b
+
+def baseline(a, b):
+    log("B", a)
+    return a + b
+"""
+
+# Logs its process per shape; wrong on 256 only, in its first process.
+LOGGED_WRONG_ON_256 = """
+import os
+def run(a, b):
+    with open(__LOG__, "a") as f:
+        f.write(f"C {a.numel()} {os.getpid()}\\n")
+    return a - b if a.numel() == 256 else a + b
+"""
+
+
+def test_an_items_further_pairs_of_processes_are_kept_for_the_candidates_next_item(make_case, run_kcoral, pytester):
+    """An item timed in several pairs of processes keeps each further pair's children for the
+    case's next item timed so, as the first pair's are kept; after a failed item the candidate's
+    further children are fresh too, while the baseline's stay."""
+    log = pytester.path / "calls.log"
+    make_case("cases/add", FOUR_SHAPES_LOGGED.replace("__LOG__", repr(str(log))),
+              candidates={"logged": LOGGED_WRONG_ON_256.replace("__LOG__", repr(str(log)))})
+    run_kcoral("--kcoral-json", "out.json", "--kcoral-process-pairs", "3", "--kcoral-confinement", "off").assert_outcomes(passed=3, failed=1)
+    items = _items(pytester)
+    assert items[256]["stage"] == "correctness"
+    calls = [line.split() for line in log.read_text().splitlines()]
+    trusted = {pid for who, _, pid in calls if who == "R"}  # it checks the baseline too
+    seen: dict[tuple[str, int], list[int]] = {}  # (side, n): its processes, in the order they first ran it
+    for who, n, pid in calls:
+        if pid in trusted:
+            continue
+        pids = seen.setdefault((who, int(n)), [])
+        if int(pid) not in pids:
+            pids.append(int(pid))
+    for n in (64, 128, 512):
+        assert len(seen["C", n]) == len(seen["B", n]) == 3, (n, seen)
+    # 128 took each of 64's processes again, pair by pair
+    assert seen["C", 128] == seen["C", 64] and seen["B", 128] == seen["B", 64]
+    # 256 failed in the candidate's first process: 512's candidate processes are all new, its baselines the same
+    assert not set(seen["C", 512]) & set(seen["C", 128] + seen["C", 256])
+    assert seen["B", 512] == seen["B", 64]
+    assert all(items[n]["candidate_timing"]["processes"] == 3 for n in (64, 128, 512))
+
+
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]

@@ -716,7 +716,7 @@ def test_a_candidate_wrong_in_a_later_process_only_fails(make_case, run_kcoral, 
     result.assert_outcomes(failed=1)
     (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
     assert item["stage"] == "timing" and item["correct"] is False and not item["case_failed"]
-    assert "timed again in fresh processes" in item["message"] and "failed at correctness" in item["message"]
+    assert "timed again in another pair of processes" in item["message"] and "failed at correctness" in item["message"]
 
 
 def test_process_pairs_must_be_auto_or_a_small_number(make_case, run_kcoral):
