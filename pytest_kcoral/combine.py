@@ -225,9 +225,10 @@ class ProcessPair:
     candidate: list[TimingStats] = field(default_factory=list)
     verify: list[list[TimedOutput]] = field(default_factory=list)
     first: str = "baseline"
-    # one side's figures in this pair, once its rounds are all in (``side_stats``)
-    _stats: dict[str, TimingStats] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _speedup: float | None = field(default=None, init=False, repr=False, compare=False)  # ``speedup``
+    # one side's figures in this pair (``side_stats``) and its speedup (``speedup``), with the
+    # number of rounds each was computed from: a pair asked early (``stage_timing.host_set``) goes on
+    _stats: dict[str, tuple[tuple[int, int], TimingStats]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _speedup: tuple[tuple[int, int], float] | None = field(default=None, init=False, repr=False, compare=False)
 
     def rounds(self, side: str) -> list[TimingStats]:
         return self.baseline if side == "baseline" else self.candidate
@@ -241,21 +242,24 @@ class ProcessPair:
             return None
 
     def side_stats(self, side: str) -> TimingStats:
-        """``combine_rounds`` of ``side``'s rounds that ``kept`` keeps, computed once: call it
-        only when the pair's rounds are all timed (raises ``ValueError`` as it does)."""
-        if side not in self._stats:
-            self._stats[side] = combine_rounds(self.rounds(side), keep=self.kept())
-        return self._stats[side]
+        """``combine_rounds`` of ``side``'s rounds that ``kept`` keeps, computed once for the
+        rounds taken so far (raises ``ValueError`` as it does)."""
+        taken = len(self.candidate), len(self.baseline)
+        cached = self._stats.get(side)
+        if cached is None or cached[0] != taken:
+            cached = self._stats[side] = (taken, combine_rounds(self.rounds(side), keep=self.kept()))
+        return cached[1]
 
     def speedup(self) -> float:
-        """``paired_speedup`` of the pair's rounds, computed once, as ``side_stats`` is: both
-        sides' figures are combined first, so that a side without samples raises ``ValueError``
-        naming it, as ``combine_rounds`` does."""
-        if self._speedup is None:
+        """``paired_speedup`` of the pair's rounds, computed once for the rounds taken so far, as
+        ``side_stats`` is: both sides' figures are combined first, so that a side without samples
+        raises ``ValueError`` naming it, as ``combine_rounds`` does."""
+        taken = len(self.candidate), len(self.baseline)
+        if self._speedup is None or self._speedup[0] != taken:
             for side in SIDES:
                 self.side_stats(side)
-            self._speedup = paired_speedup(self.baseline, self.candidate)
-        return self._speedup
+            self._speedup = (taken, paired_speedup(self.baseline, self.candidate))
+        return self._speedup[1]
 
 
 def paired_speedup(baseline_rounds: Sequence[TimingStats], candidate_rounds: Sequence[TimingStats]) -> float:

@@ -440,6 +440,18 @@ def _pair(base_medians, cand_medians):
     return combine.ProcessPair(_rounds(base_medians), _rounds(cand_medians), [[{"round": r}] for r in range(len(cand_medians))])
 
 
+def test_a_pairs_figures_asked_for_early_follow_the_rounds_taken_after():
+    """Whether an item is host-set is asked after a few pairs of rounds (``stage_timing.host_set``);
+    a pair that goes on must report all its rounds, not those taken when it was asked."""
+    pair = _pair([40.0] * 8, [40.0] * 8)
+    assert pair.side_stats("candidate").rounds == 8 and pair.speedup() == pytest.approx(1.0)
+    pair.baseline += _rounds([60.0] * 9)
+    pair.candidate += _rounds([30.0] * 9)
+    assert pair.side_stats("candidate").rounds == pair.side_stats("baseline").rounds == 17
+    assert pair.side_stats("candidate").median_us == pytest.approx(30.0)
+    assert pair.speedup() == pytest.approx(2.0)
+
+
 def test_an_item_timed_in_several_pairs_of_processes_takes_the_median_pairs_figures():
     """Seen on GPU hosts (docs/performance.md, "host-set items in three pairs of processes"): a process sitting at a slow
     level throughout its pair, whose rounds agree with each other so that the paired rounds
