@@ -38,6 +38,7 @@ from typing import Any
 MAX_FRAME_BYTES = 1 << 20  # a frame holds a few numbers per tensor: more is a child flooding the channel
 MAX_FDS = 4
 _LENGTH = struct.Struct("!I")
+_READ_BYTES = 1 << 16
 
 PLAIN_VALUES = (int, float, bool, str, type(None))  # inputs and outputs that are no tensors
 
@@ -57,6 +58,10 @@ class FeedChannel:
         self.sock = sock
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
+        # read past the last frame: the start of the next, and the descriptors that came with it;
+        # one read takes a whole small frame, where a read of its length first took two
+        self._buffer = bytearray()
+        self._fds: list[int] = []
 
     @classmethod
     def from_fd(cls, fd: int) -> FeedChannel:
@@ -80,42 +85,43 @@ class FeedChannel:
         """The next frame's JSON and the descriptors that came with it. ``FeedError`` when the
         other side closed, sent an unreadable frame, or (with a ``deadline``, ``time.monotonic``)
         took too long."""
-        self._wait(deadline)
         try:
-            head, ancillary, _, _ = self.sock.recvmsg(_LENGTH.size, socket.CMSG_SPACE(MAX_FDS * 4))
-        except OSError as exc:
-            raise FeedError(f"the other side of the feed is gone ({exc.strerror or exc})") from None
-        fds = _descriptors(ancillary)
-        try:
-            if not head:
-                raise FeedClosed("the other side of the feed closed it")
-            head += self._exactly(_LENGTH.size - len(head), deadline)
-            (size,) = _LENGTH.unpack(head)
-            if size > MAX_FRAME_BYTES:
-                raise FeedError(f"a feed frame of {size} bytes, more than the {MAX_FRAME_BYTES} allowed")
-            body = self._exactly(size, deadline)
+            while (body := self._next_frame()) is None:
+                self._wait(deadline)
+                try:
+                    data, ancillary, _, _ = self.sock.recvmsg(_READ_BYTES, socket.CMSG_SPACE(MAX_FDS * 4))
+                except OSError as exc:
+                    raise FeedError(f"the other side of the feed is gone ({exc.strerror or exc})") from None
+                self._fds += _descriptors(ancillary)
+                if not data:
+                    if self._buffer:
+                        raise FeedError("the other side of the feed closed it in the middle of a frame")
+                    raise FeedClosed("the other side of the feed closed it")
+                self._buffer += data
+            fds, self._fds = self._fds, []
             try:
                 return json.loads(body), fds
             except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                close_fds(fds)
                 raise FeedError(f"an unreadable feed frame: {str(exc)[:200]}") from None
-        except BaseException:
-            close_fds(fds)
+        except FeedError:
+            close_fds(self._fds)
+            self._fds = []
             raise
 
-    def _exactly(self, n: int, deadline: float | None) -> bytes:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        done = 0
-        while done < n:
-            self._wait(deadline)
-            try:
-                got = self.sock.recv_into(view[done:])
-            except OSError as exc:
-                raise FeedError(f"the other side of the feed is gone ({exc.strerror or exc})") from None
-            if got == 0:
-                raise FeedError("the other side of the feed closed it in the middle of a frame")
-            done += got
-        return bytes(buf)
+    def _next_frame(self) -> bytes | None:
+        """The next whole frame's body out of what was read, or None until it is all in."""
+        if len(self._buffer) < _LENGTH.size:
+            return None
+        (size,) = _LENGTH.unpack_from(self._buffer)
+        if size > MAX_FRAME_BYTES:
+            raise FeedError(f"a feed frame of {size} bytes, more than the {MAX_FRAME_BYTES} allowed")
+        end = _LENGTH.size + size
+        if len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[_LENGTH.size:end])
+        del self._buffer[:end]
+        return body
 
     def _wait(self, deadline: float | None) -> None:
         if deadline is None:

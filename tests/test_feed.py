@@ -5,16 +5,18 @@ processes, a real socket pair and real shared memory; on a GPU the same over CUD
 from __future__ import annotations
 
 import fcntl
+import json
 import multiprocessing
 import os
 import socket
+import struct
 import textwrap
 import time
 
 import pytest
 import torch
 
-from pytest_kcoral.feed import FeedChannel, FeedError
+from pytest_kcoral.feed import FeedChannel, FeedClosed, FeedError
 from pytest_kcoral.shared_memory import ALIGN, MappedRegion, Region, RegionInfo, SharedMemoryError
 
 ADD_CASE = """
@@ -87,6 +89,26 @@ def test_frames_carry_file_descriptors():
     assert message == {"op": "map"} and len(fds) == 1
     MappedRegion(region.info, "cpu", fds[0]).view(0, torch.uint8, [4], [1]).fill_(7)
     assert region.bytes[:4].tolist() == [7, 7, 7, 7]
+
+
+def test_frames_are_read_whole_however_they_arrive():
+    """One read may hold two frames, or part of one: each comes out whole and in order, with the
+    descriptors sent beside it, and a closed channel after the last reads as closed."""
+    a, b = socket.socketpair()
+    receiver = FeedChannel(b)
+    first, second = (json.dumps(m).encode() for m in ({"op": "call", "set": 1}, {"op": "end"}))
+    a.sendall(struct.pack("!I", len(first)) + first + struct.pack("!I", len(second)) + second[:3])
+    assert receiver.recv(deadline=time.monotonic() + 5) == ({"op": "call", "set": 1}, [])
+    a.sendall(second[3:])
+    assert receiver.recv(deadline=time.monotonic() + 5) == ({"op": "end"}, [])
+    region = Region(ALIGN, "cpu")
+    FeedChannel(a).send({"op": "map"}, [region.fd])
+    message, fds = receiver.recv(deadline=time.monotonic() + 5)
+    assert message == {"op": "map"} and len(fds) == 1
+    os.close(fds[0])
+    a.close()
+    with pytest.raises(FeedClosed):
+        receiver.recv(deadline=time.monotonic() + 5)
 
 
 @pytest.mark.parametrize("raw, error", [
