@@ -162,30 +162,28 @@ class LocalChildren:
         as collected, so a candidate that rewrites them (no ``--kcoral-sandbox``) cannot reach the
         baseline it is timed against."""
         case = ctx.spec.case
-        key = (case.case_id, case.content_hash)
-        child = self.baseline_children.take(key)
-        if child is None:
-            fresh = self.fresh_baseline(ctx)
-            if isinstance(fresh, StageFailed):
-                return fresh
-            child = fresh
-        return self.baseline_children.keep(key, child)
+        return self._kept_baseline(ctx, self.baseline_children, (case.case_id, case.content_hash))
 
     def further_baseline(self, ctx: ItemContext, index: int) -> Child | StageFailed:
         """The case's baseline child for an item's further pair of processes ``index`` (1, 2,
         ...), kept across the case's items as ``baseline`` keeps the first pair's; or the case's
-        failure to start one."""
+        failure to start one. Its timeout counts from now, as a fresh one's (``fresh_baseline``)."""
         case = ctx.spec.case
-        key = (case.case_id, case.content_hash, index)
-        child = self.further_baselines.take(key)
+        child = self._kept_baseline(ctx, self.further_baselines, (case.case_id, case.content_hash, index))
+        if isinstance(child, Child):
+            child.deadline = time.monotonic() + self.settings.timeout_s
+        return child
+
+    def _kept_baseline(self, ctx: ItemContext, kept: CaseChildren, key: Hashable) -> Child | StageFailed:
+        """The baseline child ``kept`` holds under ``key``, else a fresh one, kept there; or the
+        case's failure to start one."""
+        child = kept.take(key)
         if child is None:
             fresh = self.fresh_baseline(ctx)
             if isinstance(fresh, StageFailed):
                 return fresh
             child = fresh
-        else:
-            child.deadline = time.monotonic() + self.settings.timeout_s  # as a fresh one's (``fresh_baseline``)
-        return self.further_baselines.keep(key, child)
+        return kept.keep(key, child)
 
     def fresh_baseline(self, ctx: ItemContext) -> Child | StageFailed:
         """A new baseline child holding the baseline (``baseline`` and ``further_baseline`` keep

@@ -104,7 +104,7 @@ class FeedChannel:
             except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 close_fds(fds)
                 raise FeedError(f"an unreadable feed frame: {str(exc)[:200]}") from None
-        except FeedError:
+        except BaseException:
             close_fds(self._fds)
             self._fds = []
             raise
