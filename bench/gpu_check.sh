@@ -5,7 +5,7 @@
 #   bash bench/gpu_check.sh "$OUT" suites attacks  (the next call, while the machine is still warm)
 # Parts: tests (GPU tests but the suites', ~4 min on 2026-12-03), suites (KernelBench and GPU MODE
 # on the GPU, ~3.5 min), attacks (GPU attacks, ~2.3 min), probe (where a child's timing rounds
-# lose their calls, ~1 min), feed (the trusted feed over CUDA IPC and its cost per call, ~1 min),
+# lose their calls, ~1 min), turn (a fed call's turn part by part, old tree against new, ~1.5 min), feed (the trusted feed over CUDA IPC and its cost per call, ~1 min),
 # throughput (old tree against new, ~2 min), kernelbench (a call of its
 # own), noise (process noise, ~1.5 min), self (self-speedup of every bundled case, ~3 min with three pairs of processes
 # for host-set items; five since session 16, not yet timed at this budget), events (the events' own
@@ -52,6 +52,15 @@ for part in $parts; do
         pytest_summary "$out/feed_test.log"
         timeout 120 python3 bench/feed_cost.py --device cuda:0 --calls 2000 > "$out/feed_cost.log" 2>&1
         cat "$out/feed_cost.log" ;;
+    turn)   # a fed call's turn, part by part: the flusher and the wake-ups after another process used the GPU,
+            # the feed's round trip and the tamper check, $OLD (default .basetree) against this checkout (~1.5 min)
+        old=${OLD:-.basetree}
+        timeout 200 python3 bench/cross_process_cost.py --calls 3000 > "$out/cross_process.log" 2>&1
+        cat "$out/cross_process.log"
+        for tree in "$old" .; do
+            timeout 100 python3 bench/feed_cost.py --device cuda:0 --calls 3000 --n 4096 --tree "$tree" 2>&1 | tail -n 1
+            timeout 60 python3 bench/tamper_cost.py --tree "$tree" 2>&1 | tail -n 1
+        done ;;
     probe)  # timing rounds in a plain process and in a grading child, by variant (~1 min)
         timeout 150 python3 bench/round_probe.py > "$out/round_probe.log" 2>&1
         cat "$out/round_probe.log" ;;
@@ -88,6 +97,6 @@ for part in $parts; do
         cat "$out/drift.log"
         python3 bench/compare_runs.py /tmp/kcoral-drift/scaling_0_n1.json /tmp/kcoral-drift/scaling_1_n2.json \
             | tee "$out/drift_compare.log" ;;
-    *) echo "unknown part: $part (tests, suites, attacks, probe, throughput, kernelbench, noise, self, events, scaling, drift)" >&2 ;;
+    *) echo "unknown part: $part (tests, suites, attacks, turn, probe, throughput, kernelbench, noise, self, events, scaling, drift)" >&2 ;;
     esac
 done

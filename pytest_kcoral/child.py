@@ -19,6 +19,7 @@ import faulthandler
 import json
 import multiprocessing.connection
 import os
+import select
 import subprocess
 import sys
 import traceback
@@ -33,7 +34,7 @@ from pytest_kcoral.child_outputs import keep_large_allocations_on_heap
 from pytest_kcoral.child_run import run_trials
 from pytest_kcoral.child_timing import FedSets, OwnSets, new_own_sets, sets_key, time_round
 from pytest_kcoral.child_trusted import KeptTrials
-from pytest_kcoral.feed import FeedChannel
+from pytest_kcoral.feed import SPIN_S, FeedChannel, spin_until_ready
 from pytest_kcoral.messages import (
     Attached,
     AttachFeed,
@@ -284,6 +285,11 @@ class _Runner:
         if not feeders:
             return False
         by_fd = {feeder.fileno(): feeder for feeder in feeders}
+        if any(f.channel.spin_s for f in feeders):  # a fed child's next request comes soon: poll before sleeping
+            poll = select.poll()
+            for watched in (conn.fileno(), *by_fd):
+                poll.register(watched, select.POLLIN)
+            spin_until_ready(poll, SPIN_S)
         ready = multiprocessing.connection.wait([conn, *by_fd])
         for fd in ready:
             feeder = by_fd.get(fd) if isinstance(fd, int) else None
@@ -383,7 +389,9 @@ class _Runner:
             if self.pricing is None or self.pricing[0] != item:
                 self.pricing = (item, Pricing())  # the item before's goes
             judge = TimedCalls(self.case, command, _rng, self.pricing[1])
-        self.feeders[command.peer] = Feeder(self.case, FeedChannel.from_fd(self._take_fd()), command, judge)
+        channel = FeedChannel.from_fd(self._take_fd())
+        channel.spin_on(command.device)
+        self.feeders[command.peer] = Feeder(self.case, channel, command, judge)
         return Feeding()
 
     def _feed_report(self, command: FeedReport) -> FeedReportReply:

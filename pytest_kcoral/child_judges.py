@@ -85,6 +85,7 @@ class _Deferred:
     outputs: list[Any]
     after: tuple  # None for an input nothing reads after the call
     nbytes: int
+    copy_s: float = 0.0  # what the copies took in the call's turn: part of the check's cost
 
 
 @dataclass
@@ -207,7 +208,10 @@ class TimedCalls:
             if nbytes <= DEFERRED_BYTES:
                 if self.current.deferred_bytes + nbytes > DEFERRED_BYTES:
                     self._flush()
-                self.current.deferred.append(self._copies(call, made, after, values, reads, nbytes))
+                started = time.perf_counter()
+                kept = self._copies(call, made, after, values, reads, nbytes)
+                kept.copy_s = time.perf_counter() - started
+                self.current.deferred.append(kept)
                 self.current.deferred_bytes += nbytes
                 return []
         priced = len(self.pricing.costs_s) < _PRICED_FIRST or self.current.checked % _PRICE_EVERY == 0
@@ -261,7 +265,7 @@ class TimedCalls:
 
     def _flush(self) -> None:
         """The round's kept checks, judged in one pass and counted on the device (read with the
-        round's tallies); priced per check, as the checks in a turn are."""
+        round's tallies); priced per check, as the checks in a turn are, their copies included."""
         deferred, self.current.deferred, self.current.deferred_bytes = self.current.deferred, [], 0
         if not deferred:
             return
@@ -285,7 +289,7 @@ class TimedCalls:
         elif tally[1] is not None:
             self.current.tallies += [(d.call, tally[0], tally[1][r]) for r, d in enumerate(deferred)]
         synchronize(config.device)
-        cost_s = (time.perf_counter() - started) / len(deferred)
+        cost_s = (time.perf_counter() - started) / len(deferred) + statistics.median(d.copy_s for d in deferred)
         for _ in range(min(len(deferred), _COSTS_KEPT)):
             self.pricing.add_cost(cost_s)
 

@@ -76,6 +76,7 @@ class FedSets:
         self.key = json.dumps(shape, sort_keys=True), n_sets, device  # as ``sets_key``
         self.channel = channel
         self.device = device
+        channel.spin_on(device)
         layout = Layout.from_wire(self._ask({"op": "hello", "sets": n_sets})["layout"])
         self.regions = {kind: Region(nbytes, device if kind == "cuda" else "cpu") for kind, nbytes in layout.region_bytes.items()}
         host = self.regions.get("cpu")

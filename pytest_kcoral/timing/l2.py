@@ -7,7 +7,8 @@ after a read flush and 12.9 us by Nsight Compute.
 
 A candidate could mark its data persisting (``cudaStreamAttrValue.accessPolicyWindow`` with a
 persisting-L2 limit) so that it survives a flush; before every call we set the persisting-L2
-limit back to 0 and reset persisting lines to normal, best effort through cuda-bindings.
+limit back to 0 where it is not 0, and reset persisting lines to normal, best effort through
+cuda-bindings. Reading the limit costs a fraction of setting it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 _DEFAULT_L2_BYTES = 64 << 20  # used when the device does not report its L2 size
 
 
-_cudart_refs: tuple[Any, Any, Any, Any] | None = None
+_cudart_refs: tuple[Any, Any, Any, Any, Any] | None = None
 _cudart_error: str | None = None
 
 
@@ -32,6 +33,7 @@ def capture_cudart() -> None:
         except ImportError:
             from cuda import cudart  # cuda-python < 12.6
         _cudart_refs = (
+            cudart.cudaDeviceGetLimit,
             cudart.cudaDeviceSetLimit,
             cudart.cudaCtxResetPersistingL2Cache,
             cudart.cudaLimit.cudaLimitPersistingL2CacheSize,
@@ -42,22 +44,27 @@ def capture_cudart() -> None:
 
 
 class PersistingL2Reset:
-    """``cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0)`` + ``cudaCtxResetPersistingL2Cache``."""
+    """``cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0)`` where the limit is not 0, then
+    ``cudaCtxResetPersistingL2Cache``."""
 
     def __init__(self) -> None:
         capture_cudart()
         self.available = _cudart_refs is not None
         self.error: str | None = _cudart_error
         if _cudart_refs is not None:
-            self._set_limit, self._reset, self._limit_kind, self._success = _cudart_refs
+            self._get_limit, self._set_limit, self._reset, self._limit_kind, self._success = _cudart_refs
 
     def __call__(self) -> bool:
         if not self.available:
             return False
         try:
-            (err,) = self._set_limit(self._limit_kind, 0)
+            err, limit = self._get_limit(self._limit_kind)
             if err != self._success:
-                raise RuntimeError(f"cudaDeviceSetLimit: {err}")
+                raise RuntimeError(f"cudaDeviceGetLimit: {err}")
+            if limit:
+                (err,) = self._set_limit(self._limit_kind, 0)
+                if err != self._success:
+                    raise RuntimeError(f"cudaDeviceSetLimit: {err}")
             (err,) = self._reset()
             if err != self._success:
                 raise RuntimeError(f"cudaCtxResetPersistingL2Cache: {err}")
