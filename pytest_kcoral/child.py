@@ -285,12 +285,14 @@ class _Runner:
         if not feeders:
             return False
         by_fd = {feeder.fileno(): feeder for feeder in feeders}
+        ready: list[Any] = []
         if any(f.channel.spin_s for f in feeders):  # a fed child's next request comes soon: poll before sleeping
             poll = select.poll()
             for watched in (conn.fileno(), *by_fd):
                 poll.register(watched, select.POLLIN)
-            spin_until_ready(poll, SPIN_S)
-        ready = multiprocessing.connection.wait([conn, *by_fd])
+            ready = [conn if fd == conn.fileno() else fd for fd in spin_until_ready(poll, SPIN_S)]
+        if not ready:
+            ready = multiprocessing.connection.wait([conn, *by_fd])
         for fd in ready:
             feeder = by_fd.get(fd) if isinstance(fd, int) else None
             if feeder is not None:

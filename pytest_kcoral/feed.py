@@ -154,14 +154,15 @@ def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
-def spin_until_ready(poll: Any, spin_s: float) -> bool:
-    """Whether ``poll`` has a ready descriptor within ``spin_s``, polled without sleeping."""
+def spin_until_ready(poll: Any, spin_s: float) -> list[int]:
+    """The descriptors ``poll`` finds ready within ``spin_s``, polled without sleeping; empty if none."""
     end = time.perf_counter() + spin_s
     while True:
-        if poll.poll(0):
-            return True
+        ready = poll.poll(0)
+        if ready:
+            return [fd for fd, _ in ready]
         if time.perf_counter() >= end:
-            return False
+            return []
 
 
 def close_fds(fds: list[int]) -> None:

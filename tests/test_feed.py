@@ -11,12 +11,13 @@ import os
 import socket
 import struct
 import textwrap
+import threading
 import time
 
 import pytest
 import torch
 
-from pytest_kcoral.feed import FeedChannel, FeedClosed, FeedError
+from pytest_kcoral.feed import SPIN_S, FeedChannel, FeedClosed, FeedError
 from pytest_kcoral.shared_memory import ALIGN, MappedRegion, Region, RegionInfo, SharedMemoryError
 
 ADD_CASE = """
@@ -91,11 +92,14 @@ def test_frames_carry_file_descriptors():
     assert region.bytes[:4].tolist() == [7, 7, 7, 7]
 
 
-def test_frames_are_read_whole_however_they_arrive():
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])  # a feed on a GPU polls before it sleeps
+def test_frames_are_read_whole_however_they_arrive(device):
     """One read may hold two frames, or part of one: each comes out whole and in order, with the
     descriptors sent beside it, and a closed channel after the last reads as closed."""
     a, b = socket.socketpair()
     receiver = FeedChannel(b)
+    receiver.spin_on(device)
+    assert bool(receiver.spin_s) == device.startswith("cuda")
     first, second = (json.dumps(m).encode() for m in ({"op": "call", "set": 1}, {"op": "end"}))
     a.sendall(struct.pack("!I", len(first)) + first + struct.pack("!I", len(second)) + second[:3])
     assert receiver.recv(deadline=time.monotonic() + 5) == ({"op": "call", "set": 1}, [])
@@ -124,12 +128,29 @@ def test_an_unreadable_frame_is_refused(raw, error):
         FeedChannel(b).recv(deadline=time.monotonic() + 5)
 
 
-def test_a_silent_peer_runs_into_the_deadline():
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_a_silent_peer_runs_into_the_deadline(device):
     a, b = socket.socketpair()
+    receiver = FeedChannel(b)
+    receiver.spin_on(device)
     started = time.monotonic()
     with pytest.raises(FeedError, match="did not answer in time"):
-        FeedChannel(b).recv(deadline=started + 0.2)
+        receiver.recv(deadline=started + 0.2)
     assert time.monotonic() - started < 2
+    a.close()
+
+
+def test_a_polling_feed_still_reads_a_frame_that_comes_after_its_polling():
+    """Past ``SPIN_S`` a polling end sleeps until the frame comes, as any other."""
+    a, b = socket.socketpair()
+    receiver = FeedChannel(b)
+    receiver.spin_on("cuda:0")
+    sender = threading.Timer(20 * SPIN_S, FeedChannel(a).send, args=({"op": "end"},))
+    sender.start()
+    started = time.monotonic()
+    assert receiver.recv(deadline=started + 5) == ({"op": "end"}, [])
+    assert time.monotonic() - started >= 20 * SPIN_S
+    sender.join()
     a.close()
 
 
