@@ -32,6 +32,22 @@ def test_a_deleted_name_and_a_function_replaced_by_an_object_without_code_are_na
     assert set(snapshot.changed()) == {"time.monotonic", "pytest_kcoral.timing.stats.median", "pytest_kcoral.timing.stats.median.__code__"}
 
 
+def test_a_replacement_that_claims_to_equal_everything_is_named(monkeypatch):
+    """The check goes by identity: an object whose ``__eq__`` says True to all is still another object."""
+
+    class EqualToAll:
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    snapshot = tamper.Snapshot.take()
+    monkeypatch.setattr(torch, "allclose", EqualToAll())
+    monkeypatch.setattr(torch.Tensor, "clone", EqualToAll(), raising=False)
+    assert set(snapshot.changed()) >= {"torch.allclose"}
+    assert any(name.startswith("torch.Tensor.clone") for name in snapshot.changed())
+
+
 def test_a_method_of_a_watched_base_set_on_the_class_is_named_and_new_names_are_not(monkeypatch):
     """``torch.Tensor.copy_ = ...`` adds a name to ``torch.Tensor`` over the ``TensorBase`` method
     the harness calls; a name no watched base has (a library's lazy attribute) is no change."""
