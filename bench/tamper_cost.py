@@ -38,7 +38,8 @@ def main() -> None:
         started = time.perf_counter()
         snapshot.changed()
         times.append((time.perf_counter() - started) * 1e6)
-    print(f"{tamper.__file__}: {len(snapshot.ids)} watched names, a check {statistics.median(times):.0f} us (median)")
+    watched = getattr(snapshot, "ids", None) or snapshot._objects  # ``ids`` in trees before 2026-12-07's
+    print(f"{tamper.__file__}: {len(watched)} watched names, a check {statistics.median(times):.0f} us (median)")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pytest_kcoral.child_outputs import keep_large_allocations_on_heap
 from pytest_kcoral.child_run import run_trials
 from pytest_kcoral.child_timing import FedSets, OwnSets, new_own_sets, sets_key, time_round
 from pytest_kcoral.child_trusted import KeptTrials
-from pytest_kcoral.feed import SPIN_S, FeedChannel, spin_until_ready
+from pytest_kcoral.feed import FeedChannel, spin_until_ready
 from pytest_kcoral.messages import (
     Attached,
     AttachFeed,
@@ -286,11 +286,12 @@ class _Runner:
             return False
         by_fd = {feeder.fileno(): feeder for feeder in feeders}
         ready: list[Any] = []
-        if any(f.channel.spin_s for f in feeders):  # a fed child's next request comes soon: poll before sleeping
+        spin_s = max(f.channel.spin_s for f in feeders)
+        if spin_s:  # a fed child's next request comes soon: poll before sleeping
             poll = select.poll()
             for watched in (conn.fileno(), *by_fd):
                 poll.register(watched, select.POLLIN)
-            ready = [conn if fd == conn.fileno() else fd for fd in spin_until_ready(poll, SPIN_S)]
+            ready = [conn if fd == conn.fileno() else fd for fd in spin_until_ready(poll, spin_s)]
         if not ready:
             ready = multiprocessing.connection.wait([conn, *by_fd])
         for fd in ready:

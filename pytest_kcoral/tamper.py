@@ -74,12 +74,11 @@ def _case_modules() -> list[str]:
 
 @dataclass
 class Snapshot:
-    ids: dict[str, int] = field(default_factory=dict)
-    # each key's object, kept alive so an id is never reused by a replacement
+    # each key's object when taken (kept alive, so no replacement can come to share its identity)
     _objects: dict[str, Any] = field(default_factory=dict)
     # each key's path, resolved once (``_path``): the check runs after every command
     _paths: dict[str, tuple[str, tuple[str, ...], bool]] = field(default_factory=dict)
-    _groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, str, int, bool]]] | None = field(default=None, repr=False)
+    _groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, str, Any, bool]]] | None = field(default=None, repr=False)
     # per group, its names, their objects, and its functions with their code, for a check by
     # identity in one pass of C loops (``_unchanged``): the per-key loop took milliseconds a round
     _passes: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]] = field(
@@ -128,12 +127,10 @@ class Snapshot:
 
     def _record(self, key: str, value: Any) -> None:
         self._groups = None
-        self.ids[key] = id(value)
         self._objects[key] = value
         self._paths[key] = _path(key)
         code = getattr(value, "__code__", None) if isinstance(value, types.FunctionType) else None
         if code is not None:  # fn.__code__ = other: the same function object doing something else
-            self.ids[key + _CODE] = id(code)
             self._objects[key + _CODE] = code
             self._paths[key + _CODE] = _path(key + _CODE)
 
@@ -152,11 +149,11 @@ class Snapshot:
             namespace = vars(owner) if owner is not missing and hasattr(owner, "__dict__") else {}
             if self._unchanged(group, namespace, missing):
                 continue
-            for key, name, ident, code in entries:
+            for key, name, taken, code in entries:
                 current = namespace.get(name, missing)
                 if code and current is not missing:
                     current = getattr(current, "__code__", missing)
-                if current is missing or id(current) != ident:
+                if current is not taken:
                     problems.append(key)
         for (module_name, class_name), known in self._class_names.items():
             cls_obj = getattr(modules.get(module_name), class_name, None)
@@ -174,21 +171,21 @@ class Snapshot:
         """The watched base class whose watched ``name`` a new attribute of ``cls_obj`` hides."""
         for module_name, class_name in _WATCHED_CLASSES:
             base = getattr(sys.modules.get(module_name), class_name, None)
-            if base is not cls_obj and base in cls_obj.__mro__ and f"{module_name}.{class_name}.{name}" in self.ids:
+            if base is not cls_obj and base in cls_obj.__mro__ and f"{module_name}.{class_name}.{name}" in self._objects:
                 return [f"{module_name}.{class_name}"]
         return []
 
-    def _grouped(self) -> dict[tuple[str, tuple[str, ...]], list[tuple[str, str, int, bool]]]:
+    def _grouped(self) -> dict[tuple[str, tuple[str, ...]], list[tuple[str, str, Any, bool]]]:
         """The watched keys by the namespace that holds them, so each namespace is found once a
         check: the check runs after every command, a timing round's included."""
-        groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, str, int, bool]]] = {}
-        for key, ident in self.ids.items():
+        groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, str, Any, bool]]] = {}
+        for key, taken in self._objects.items():
             module_name, names, code = self._paths[key]  # every key names an attribute below its module
-            groups.setdefault((module_name, names[:-1]), []).append((key, names[-1], ident, code))
+            groups.setdefault((module_name, names[:-1]), []).append((key, names[-1], taken, code))
         self._passes = {}
         for group, entries in groups.items():
-            plain = [(name, self._objects[key]) for key, name, _, code in entries if not code]
-            functions = [(self._objects[key.removesuffix(_CODE)], self._objects[key]) for key, _, _, code in entries if code]
+            plain = [(name, taken) for _, name, taken, code in entries if not code]
+            functions = [(self._objects[key.removesuffix(_CODE)], taken) for key, _, taken, code in entries if code]
             self._passes[group] = (tuple(n for n, _ in plain), tuple(o for _, o in plain),
                                    tuple(f for f, _ in functions), tuple(c for _, c in functions))
         return groups
