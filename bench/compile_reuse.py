@@ -3,8 +3,14 @@
 A candidate's child is kept across its items (``kept_children.py``), so a ``torch.compile``
 candidate should compile once per shape in one process, not once per item in a process of its
 own. This grades such a candidate over five seen shapes in full mode, with Inductor's caches off
-(a cached graph would hide the cost), and prints per item: the candidate's process, the graphs it
-had compiled by then (a counting backend in front of Inductor), and the item's phases.
+(a cached graph would hide the cost), and prints per item: the candidate's first process, the
+graphs it had compiled by then (a counting backend in front of Inductor), and the item's phases.
+Then, per candidate process (a host-set item is timed in further pairs of processes, each with a
+candidate process of its own): the shapes it compiled and the graphs it compiled in all.
+
+Every candidate process appends one line per shape to a log in the bench's own directory, so the
+session runs with ``--kcoral-confinement off`` (a confined candidate may write only its own
+directories); confinement does not change what is compiled.
 
 Run: ``python bench/compile_reuse.py`` (a GPU, or the CPU).
 """
@@ -33,9 +39,11 @@ def reference(a, b):
     return a * b + a
 """
 
-# prints once per shape, on its first call (the correctness stage's)
+# prints once per shape, on its first call in a process (the correctness stage's), and logs it
 CANDIDATE = """
 import os, sys, torch
+
+LOG = __LOG__
 
 _graphs = [0]
 
@@ -51,7 +59,10 @@ def run(a, b):
     out = _fused(a, b)
     if tuple(a.shape) not in _shapes:
         _shapes.add(tuple(a.shape))
-        print(f"COMPILED pid={os.getpid()} graphs={_graphs[0]} n={a.shape[0]}", file=sys.stderr, flush=True)
+        line = f"COMPILED pid={os.getpid()} graphs={_graphs[0]} n={a.shape[0]}"
+        print(line, file=sys.stderr, flush=True)
+        with open(LOG, "a") as log:
+            log.write(line + "\\n")
     return out
 """
 
@@ -61,10 +72,11 @@ def main() -> None:
     case = work / "cases" / "fused"
     (case / "candidates").mkdir(parents=True)
     (case / "case.py").write_text(CASE)
-    (case / "candidates" / "compiled.py").write_text(CANDIDATE)
+    log = work / "compiled.log"
+    (case / "candidates" / "compiled.py").write_text(CANDIDATE.replace("__LOG__", repr(str(log))))
     env = dict(os.environ, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
     cmd = [sys.executable, "-m", "pytest", "-p", "kcoral", "-p", "no:cacheprovider", "-q", "cases", "--kcoral-json", "out.json",
-           "-p", "no:randomly"]
+           "-p", "no:randomly", "--kcoral-confinement", "off"]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
     doc = json.loads((work / "out.json").read_text())
     print(f"{'item':34s} {'outcome':8s} {'pid':>8s} {'graphs':>6s} {'compile ms':>10s} {'correctness ms':>14s} {'timing ms':>9s} {'item s':>6s}")
@@ -80,6 +92,21 @@ def main() -> None:
     durations = [item["duration_s"] for item in doc["items"]]
     print(f"\n{len(doc['items'])} items in {len(pids - {None})} candidate process(es); {graphs} graph(s) compiled;"
           f" item wall mean {statistics.mean(durations):.2f} s, median {statistics.median(durations):.2f} s; pytest exit {proc.returncode}")
+    print_processes(log)
+
+
+def print_processes(log: Path) -> None:
+    """Per candidate process, from the log: the shapes it compiled, and its graphs in all."""
+    by_pid: dict[str, list[dict[str, str]]] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        fields = dict(part.split("=") for part in line.split()[1:])
+        by_pid.setdefault(fields["pid"], []).append(fields)
+    print(f"\n{len(by_pid)} candidate process(es) in all:")
+    for pid, lines in by_pid.items():
+        shapes = [int(f["n"]) for f in lines]
+        repeated = len(shapes) - len(set(shapes))
+        print(f"  pid {pid}: {len(set(shapes))} shape(s) {sorted(set(shapes))}, {max(int(f['graphs']) for f in lines)} graph(s)"
+              + (f", {repeated} shape(s) compiled twice" if repeated else ""))
 
 
 if __name__ == "__main__":
