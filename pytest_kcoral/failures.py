@@ -44,7 +44,8 @@ def candidate_failure(ctx: ItemContext, stage: str, failure: ChildFailure) -> Ex
     if failure.kind == "outage":
         return ServiceUnavailable(stage, failure.message)
     # the candidate's commands; a KernelBench ModelNew is built from the case's get_init_inputs there too
-    skipped = needs_cuda(ctx, failure, "the candidate's process")
+    # named: ``-rs`` groups skips by the case file's location and the reason
+    skipped = needs_cuda(ctx, failure, f"the candidate's process ({ctx.spec.candidate.path.name})")
     if skipped is not None:
         return skipped
     # a compiler error at the first call is the compile stage's; once the candidate has run

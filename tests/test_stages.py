@@ -908,4 +908,4 @@ def test_a_cuda_extension_candidate_skips_on_a_host_without_cuda(make_case, run_
     make_case("cases/add", candidates={"ext": LOAD_INLINE_CANDIDATE})
     result = run_kcoral("-m", "seen", "-rs")
     result.assert_outcomes(skipped=1, deselected=1)
-    result.stdout.fnmatch_lines(["*needs CUDA*CUDA_HOME environment variable is not set*"])
+    result.stdout.fnmatch_lines(["*the candidate's process (ext.py) needs CUDA*CUDA_HOME environment variable is not set*"])
