@@ -444,7 +444,9 @@ def score_suite(candidates: Sequence[CandidateScore], items: Iterable[ItemResult
 
 
 def _attempt_rank(c: CandidateScore) -> tuple:
-    return (c.bench_lite_weighted, c.correct_seen, c.scored_speedup or 0.0, c.compiled)
+    """A team's better attempt at a case ranks higher: by bench-lite, then correct on every seen
+    shape, then on more unseen shapes (untimed attempts tie on the first two), then by speedup."""
+    return (c.bench_lite_weighted, c.correct_seen, sum(c.correct_unseen.values()), c.scored_speedup or 0.0, c.compiled)
 
 
 def leaderboard(candidates: Sequence[CandidateScore]) -> list[LeaderboardEntry]:

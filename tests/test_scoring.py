@@ -361,6 +361,18 @@ def test_leaderboard_ranks_teams_by_best_attempt():
     assert bundled.best == {"cases/a": "triton_v1"}
 
 
+def test_the_best_attempt_of_equal_scores_is_the_one_correct_on_more_unseen_shapes():
+    # untimed (--kcoral-mode correctness): both attempts score alike on the seen shapes
+    items = [
+        item(candidate="a_drops_odd"),
+        item(candidate="a_drops_odd", split="unseen", shape_id="n=7", correct=False, baseline_correct=True),
+        item(candidate="b_sums"),
+        item(candidate="b_sums", split="unseen", shape_id="n=7", baseline_correct=True),
+    ]
+    (entry,) = scoring.score(items).leaderboard
+    assert entry.best == {"cases/a": "b_sums"}
+
+
 def test_weak_cases_and_case_summaries():
     items = [
         item(shape_id="n=1", speedup=1.0, weak=True),
