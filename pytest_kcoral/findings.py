@@ -27,6 +27,20 @@ class WeakCase:
 
 
 @dataclass
+class SkippedCandidate:
+    """A candidate every item of which skipped (code that needs CUDA on a machine without one, a
+    ``gpu_only`` shape): the scores leave it out, so the summary names it."""
+
+    case: str
+    candidate: str
+    items: int
+    reason: str  # the first item's reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class TimerUse:
     """How the session's items were timed. A GPU timed by CUDA events instead of CUPTI reads a
     small kernel's launch overhead as kernel time: the summary names the reason (most often
@@ -128,6 +142,15 @@ def failed_cases(items: Iterable[ItemResult]) -> list[FailedCase]:
         (reason, _), *others = by_reason.items()
         out.append(FailedCase(case, _split_shapes(its), reason, [{"reason": r, "shapes": _split_shapes(s)} for r, s in others]))
     return out
+
+
+def skipped_candidates(items: Iterable[ItemResult]) -> list[SkippedCandidate]:
+    """The (case, candidate) pairs whose items all skipped, by case and candidate."""
+    by_pair: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
+    for it in items:
+        by_pair[(it.case, it.candidate)].append(it)
+    return [SkippedCandidate(case, candidate, len(its), (its[0].message or "skipped").split("\n", 1)[0])
+            for (case, candidate), its in sorted(by_pair.items()) if all(it.outcome == "skipped" for it in its)]
 
 
 def _split_shapes(items: Iterable[ItemResult]) -> list[str]:

@@ -29,12 +29,14 @@ from pytest_kcoral.combine import host_set_side
 from pytest_kcoral.findings import (
     FailedCase,
     KnownAnswers,
+    SkippedCandidate,
     TimerUse,
     WeakCase,
     WrongBaseline,
     failed_cases,
     graded,
     known_answers,
+    skipped_candidates,
     timer_use,
     weak_cases,
     wrong_baselines,
@@ -271,6 +273,7 @@ class Scores:
     wrong_baselines: list[WrongBaseline] = field(default_factory=list)
     timed_items: list[ItemResult] = field(default_factory=list)  # items timed, by nodeid: their times and intervals
     known_answers: KnownAnswers = field(default_factory=KnownAnswers)
+    skipped_candidates: list[SkippedCandidate] = field(default_factory=list)
 
 
 # -- computation ------------------------------------------------------------------------------
@@ -538,4 +541,5 @@ def score(items: Sequence[ItemResult]) -> Scores:
         wrong_baselines=wrong_baselines(items),
         timed_items=sorted((it for it in graded(items) if it.speedup is not None or it.t_candidate_us is not None), key=lambda it: it.nodeid),
         known_answers=known_answers(items),
+        skipped_candidates=skipped_candidates(items),
     )

@@ -20,7 +20,8 @@ from pytest_kcoral.results import ItemResult
 
 TOP_LEVEL_KEYS = {
     "schema", "partial", "created", "config", "environment", "seed", "seed_is_secret", "items",
-    "candidates", "cases", "suite", "leaderboard", "weak_cases", "failed_cases", "known_answers", "timers",
+    "candidates", "cases", "suite", "leaderboard", "weak_cases", "failed_cases", "skipped_candidates", "known_answers",
+    "timers",
     "collection_errors", "lease_history", "compare",
 }
 

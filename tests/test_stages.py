@@ -898,7 +898,7 @@ def run(a, b):
 """
 
 
-def test_a_cuda_extension_candidate_skips_on_a_host_without_cuda(make_case, run_kcoral):
+def test_a_cuda_extension_candidate_skips_on_a_host_without_cuda(make_case, run_kcoral, pytester):
     # KernelBench's usual candidate builds its kernel with load_inline at import: on a CPU host it
     # needs CUDA, as a candidate calling .cuda() does, and skips the same way instead of failing
     from torch.utils import cpp_extension
@@ -906,6 +906,13 @@ def test_a_cuda_extension_candidate_skips_on_a_host_without_cuda(make_case, run_
     if cpp_extension.CUDA_HOME is not None:
         pytest.skip(f"a CUDA toolkit is here ({cpp_extension.CUDA_HOME}): the extension would build")
     make_case("cases/add", candidates={"ext": LOAD_INLINE_CANDIDATE})
-    result = run_kcoral("-m", "seen", "-rs")
-    result.assert_outcomes(skipped=1, deselected=1)
+    make_case("cases/twice", candidates={"good": GOOD})
+    result = run_kcoral("-m", "seen", "-rs", "--kcoral-json", "out.json")
+    result.assert_outcomes(passed=1, skipped=1, deselected=2)
     result.stdout.fnmatch_lines(["*the candidate's process (ext.py) needs CUDA*CUDA_HOME environment variable is not set*"])
+    # its scores leave it out, so the summary and the JSON name it
+    result.stdout.fnmatch_lines(["SKIPPED cases/add::ext: all 1 item(s), not scored: the candidate's process (ext.py) needs CUDA*"])
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert [c["candidate"] for c in doc["candidates"]] == ["good"]
+    (skipped,) = doc["skipped_candidates"]
+    assert (skipped["case"], skipped["candidate"], skipped["items"]) == ("cases/add", "ext", 1)

@@ -79,6 +79,7 @@ def build_document(
         "leaderboard": [e.to_dict() for e in scores.leaderboard],
         "weak_cases": [w.to_dict() for w in scores.weak_cases],
         "failed_cases": [f.to_dict() for f in scores.failed_cases],
+        "skipped_candidates": [c.to_dict() for c in scores.skipped_candidates],
         "known_answers": scores.known_answers.to_dict(),
         "timers": scores.timers.to_dict(),
         "collection_errors": list(collection_errors),

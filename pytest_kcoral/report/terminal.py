@@ -111,6 +111,8 @@ def suite_lines(scores: Scores) -> list[str]:
     for f in scores.failed_cases:
         lines.append(f"CASE FAILED {f.case} on {', '.join(f.shapes)}, every candidate failing there: {f.reason}")
         lines += [f"  on {', '.join(o['shapes'])}: {o['reason']}" for o in f.other_reasons]
+    for c in scores.skipped_candidates:
+        lines.append(f"SKIPPED {pair_name(c.case, c.candidate)}: all {c.items} item(s), not scored: {c.reason}")
     for b in scores.wrong_baselines:
         lines.append(f"WRONG BASELINE {b.case} on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     lines += known_answer_lines(scores.known_answers)
