@@ -86,7 +86,9 @@ def test_refresh_and_on_output_run_outside_the_window_once_per_timed_call() -> N
 
     result = timing.measure(call, n_sets=3, refresh=refresh, on_output=on_output,
                             budget_s=0.3, warmup_s=0.01, min_samples=8)
-    assert result.median_us == pytest.approx(inner.median_us(result.n), rel=0.05, abs=20)
+    # the window also holds ``call``'s own Python, which a shared host slows by tens of
+    # microseconds at times; a 10 ms refresh leaking in would still be far outside
+    assert result.median_us == pytest.approx(inner.median_us(result.n), rel=0.05, abs=100)
     assert result.median_us < 5000  # the 10 ms refresh and on_output are outside the window
     assert len(outputs) == result.n
     assert all(out == i * 10 for i, out in outputs)
