@@ -144,13 +144,18 @@ def failed_cases(items: Iterable[ItemResult]) -> list[FailedCase]:
     return out
 
 
+def by_pair(items: Iterable[ItemResult]) -> dict[tuple[str, str], list[ItemResult]]:
+    """The items of each (case, candidate) pair, the pairs in order."""
+    groups: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
+    for it in items:
+        groups[(it.case, it.candidate)].append(it)
+    return dict(sorted(groups.items()))
+
+
 def skipped_candidates(items: Iterable[ItemResult]) -> list[SkippedCandidate]:
     """The (case, candidate) pairs whose items all skipped, by case and candidate."""
-    by_pair: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
-    for it in items:
-        by_pair[(it.case, it.candidate)].append(it)
     return [SkippedCandidate(case, candidate, len(its), (its[0].message or "skipped").split("\n", 1)[0])
-            for (case, candidate), its in sorted(by_pair.items()) if all(it.outcome == "skipped" for it in its)]
+            for (case, candidate), its in by_pair(items).items() if all(it.outcome == "skipped" for it in its)]
 
 
 def _split_shapes(items: Iterable[ItemResult]) -> list[str]:

@@ -33,6 +33,7 @@ from pytest_kcoral.findings import (
     TimerUse,
     WeakCase,
     WrongBaseline,
+    by_pair,
     failed_cases,
     graded,
     known_answers,
@@ -352,10 +353,7 @@ def score_candidate(items: Sequence[ItemResult]) -> CandidateScore | None:
 
 def score_candidates(items: Iterable[ItemResult]) -> list[CandidateScore]:
     """One score per (case, candidate) pair, sorted by case then candidate."""
-    groups: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
-    for it in items:
-        groups[(it.case, it.candidate)].append(it)
-    scores = [score_candidate(groups[key]) for key in sorted(groups)]
+    scores = [score_candidate(its) for its in by_pair(items).values()]
     return [s for s in scores if s is not None]
 
 
