@@ -830,3 +830,49 @@ def test_a_real_cpu_run_names_the_candidates_folder_and_marks_nothing_host_set(m
     assert doc["leaderboard"][0]["folder"] == "cases/*/candidates"
     assert "~" not in "\n".join(line for line in result.stdout.lines if line.startswith("cases/"))
     assert 'name="kcoral_host_set" value="False"' in (pytester.path / "junit.xml").read_text()
+
+
+def test_reports_say_what_did_not_run_rather_than_what_failed():
+    """An untimed session has no bench-lite score in the JSON (null, as its fast_p), a pair with no
+    seen shape run shows '-' for seen, and a skipped candidate is named in the step summary and the
+    HTML report as in the terminal."""
+    from pytest_kcoral.report import html
+
+    unseen_only = item(split="unseen", shape_id="n=3", baseline_correct=True)
+    skipped = item(candidate="needs_cuda")
+    skipped.outcome, skipped.stage, skipped.message = "skipped", "compile", "the candidate's process (ext.py) needs CUDA"
+    items = [item(team="a"), item(candidate="v2", team="b", correct=False), item(case="cases/b", candidate="u"), skipped]
+    items[-2].split, items[-2].shape_id = unseen_only.split, unseen_only.shape_id
+    scores = scoring.score(items)
+    doc = json_artifact.build_document(items, scores)
+    assert doc["suite"]["timed"] is False and doc["suite"]["bench_lite_total"] is None
+    assert {(c["bench_lite"], c["bench_lite_weighted"]) for c in doc["candidates"]} == {(None, None)}
+    assert [e["bench_lite_total"] for e in doc["leaderboard"]] == [None] * len(doc["leaderboard"])
+
+    rows = {line.split()[0]: line.split() for line in terminal.table_lines(scores)[1:] if "::" in line}
+    assert rows["cases/b::u"][2] == "-" and rows["cases/vector_add::triton_v1"][2] == "yes", rows
+    markdown = step_summary.render_markdown(scores)
+    assert "| `cases/b` | `u` | yes | - |" in markdown
+    assert "- **skipped** `cases/vector_add::needs_cuda`: all 1 item(s), not scored: the candidate's process (ext.py) needs CUDA" in markdown
+    page = html.render(doc)
+    assert "Skipped, not scored: cases/vector_add::needs_cuda, all 1 item(s)" in page
+
+    timed = scoring.score([item(speedup=0.5)])
+    assert json_artifact.build_document([], timed)["suite"]["bench_lite_total"] == pytest.approx(30.0)
+
+
+def test_the_timings_header_says_which_items_it_lists():
+    from pytest_kcoral.report.timings import LISTED, timing_lines
+
+    def timed(i, noisy):
+        it = item(shape_id=f"n={i}", speedup=1.0)
+        it.t_baseline_us = it.t_candidate_us = 1.0
+        it.noisy = noisy
+        return it
+
+    many = [timed(i, noisy=i < 3) for i in range(LISTED + 5)]
+    assert timing_lines(many)[0].endswith("3 of 25 noisy, only the 3 noisy listed:")
+    assert timing_lines([timed(i, noisy=True) for i in range(LISTED + 5)])[0].endswith(f"only the first {LISTED} noisy listed:")
+    quiet = timing_lines([timed(i, noisy=False) for i in range(LISTED + 5)])
+    assert quiet[0].endswith("0 of 25 noisy, none listed:") and len(quiet) == 2
+    assert "listed" not in timing_lines(many[:3])[0]

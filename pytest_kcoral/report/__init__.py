@@ -107,6 +107,11 @@ def fmt_bool(value: bool | None) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
 
+def fmt_seen_correct(correct_seen: bool, seen_items: int) -> str:
+    """``yes``/``no``; ``-`` when no seen shape ran (``-m unseen``), where ``no`` would read as wrong."""
+    return fmt_bool(correct_seen) if seen_items else "-"
+
+
 def fmt_unseen(correct_unseen: dict[str, bool]) -> str:
     """``k/n`` unseen shapes correct; ``-`` when the case has no unseen shapes."""
     if not correct_unseen:

@@ -342,7 +342,7 @@ def suite_section(doc: dict) -> str:
         out.append("<h3>Pairs</h3>")
         out.append(_table(
             ["case::candidate", "compiled", "correct (seen)", "seen speedup", "unseen correct", "unseen speedup", "gap", "AKA", "bench-lite", "noisy items"],
-            ([esc(pair_name(c["case"], c["candidate"])), esc(_yes(c.get("compiled"))), esc(_yes(c.get("correct_seen"))),
+            ([esc(pair_name(c["case"], c["candidate"])), esc(_yes(c.get("compiled"))), esc(_yes(c.get("correct_seen")) if c.get("seen_items", 1) else "-"),
               _num_cell(esc(_mean_text(c, "seen"))), _num_cell(esc(_unseen_text(c))), _num_cell(esc(_mean_text(c, "unseen"))),
               _num_cell(esc(fmt_pct(c.get("generalization_gap")))), _num_cell(esc(fmt_score(c.get("aka_score")))),
               _num_cell(esc(fmt_score(c.get("bench_lite"))) if s.get("timed", True) else "-"),
@@ -438,6 +438,9 @@ def failures_section(doc: dict, items: Sequence[dict]) -> str:
     out = []
     for f in doc.get("failed_cases") or []:
         out.append(f'<p class="bad">Case failed: {esc(f.get("case"))} on {esc(", ".join(f.get("shapes") or []))}: {esc(f.get("reason"))}</p>')
+    for c in doc.get("skipped_candidates") or []:
+        out.append(f"<p>Skipped, not scored: {esc(pair_name(c.get('case'), c.get('candidate')))}, all {esc(c.get('items'))} item(s):"
+                   f" {esc(c.get('reason'))}</p>")
     for e in doc.get("collection_errors") or []:
         out.append(f"<details><summary class=\"bad\">Collection error: {esc(e.get('nodeid'))}</summary><pre>{esc(e.get('message'))}</pre></details>")
     failed = [it for it in items if it.get("outcome") == "failed"]

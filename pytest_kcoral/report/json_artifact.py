@@ -86,8 +86,20 @@ def build_document(
         "lease_history": list(lease_history),
         "compare": compare.to_dict() if compare is not None else None,
     }
+    if not scores.suite.timed:
+        _drop_speed_scores(doc)
     jsonable: dict[str, Any] = _jsonable(doc)
     return jsonable
+
+
+def _drop_speed_scores(doc: dict[str, Any]) -> None:
+    """bench-lite is earned by speed alone: a session that timed nothing has none (null, as its
+    ``fast_p``), where 0 would read as measured and lost."""
+    doc["suite"]["bench_lite_total"] = None
+    for c in doc["candidates"]:
+        c["bench_lite"] = c["bench_lite_weighted"] = None
+    for e in doc["leaderboard"]:
+        e["bench_lite_total"] = None
 
 
 def _item_dict(item: ItemResult) -> dict[str, Any]:

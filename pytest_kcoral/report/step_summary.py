@@ -20,6 +20,7 @@ from pytest_kcoral.report import (
     fmt_pct,
     fmt_rates,
     fmt_score,
+    fmt_seen_correct,
     fmt_shapes,
     fmt_speed_score,
     fmt_speedup,
@@ -29,6 +30,7 @@ from pytest_kcoral.report import (
     leaderboard_name,
     no_seen_note,
     nothing_timed,
+    pair_name,
 )
 from pytest_kcoral.report.compare import CompareResult, caveats, fmt_change, largest_changes
 from pytest_kcoral.report.timings import timing_markdown
@@ -78,7 +80,7 @@ def _pairs_table(scores: Scores) -> list[str]:
     ]
     for c in scores.candidates:
         out.append("| " + " | ".join(_cell(x) for x in (
-            f"`{c.case}`", f"`{c.candidate}`", fmt_bool(c.compiled), fmt_bool(c.correct_seen),
+            f"`{c.case}`", f"`{c.candidate}`", fmt_bool(c.compiled), fmt_seen_correct(c.correct_seen, c.seen_items),
             _marked(c.mean_speedup_seen, c.host_set_seen), fmt_unseen(c.correct_unseen),
             _marked(c.mean_speedup_unseen, c.host_set_unseen), fmt_pct(c.generalization_gap),
             fmt_score(c.aka_score), fmt_speed_score(c.bench_lite, s.timed),
@@ -134,6 +136,8 @@ def _finding_bullets(scores: Scores) -> list[str]:
         out.append(f"- **case failed** `{f.case}` on {', '.join(f.shapes)}, every candidate failing there:"
                    f" {_cell(f.reason)}")
         out += [f"  - on {', '.join(o['shapes'])}: {_cell(o['reason'])}" for o in f.other_reasons]
+    for c in scores.skipped_candidates:
+        out.append(f"- **skipped** `{pair_name(c.case, c.candidate)}`: all {c.items} item(s), not scored: {_cell(c.reason)}")
     for b in scores.wrong_baselines:
         out.append(f"- **wrong baseline** `{b.case}` on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     for line in known_answer_lines(scores.known_answers):

@@ -21,6 +21,7 @@ from pytest_kcoral.report import (
     fmt_pass_at_k,
     fmt_pct,
     fmt_score,
+    fmt_seen_correct,
     fmt_shapes,
     fmt_speed_score,
     fmt_speedup,
@@ -64,7 +65,7 @@ def table_lines(scores: Scores) -> list[str]:
     for c in scores.candidates:
         lines.append(_row(pair_name(c.case, c.candidate), [
             fmt_bool(c.compiled),
-            fmt_bool(c.correct_seen),
+            fmt_seen_correct(c.correct_seen, c.seen_items),
             fmt_mean_speedup(c.mean_speedup_seen, c.host_set_seen),
             fmt_unseen(c.correct_unseen),
             fmt_mean_speedup(c.mean_speedup_unseen, c.host_set_unseen),
