@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kernels import triton_add
 
+from conftest import VECTOR_ADD_CASE
 from pytest_kcoral import combine
 from pytest_kcoral.results import CASE_FAILED_PREFIX, TimingStats
 from pytest_kcoral.stage_timing import (
@@ -916,3 +917,17 @@ def test_a_cuda_extension_candidate_skips_on_a_host_without_cuda(make_case, run_
     assert [c["candidate"] for c in doc["candidates"]] == ["good"]
     (skipped,) = doc["skipped_candidates"]
     assert (skipped["case"], skipped["candidate"], skipped["items"]) == ("cases/add", "ext", 1)
+
+
+def test_a_reference_out_of_device_memory_fails_the_case_with_a_hint(make_case, run_kcoral, pytester):
+    """KernelBench problems at their own sizes ran an 80 GB GPU out of memory in the trusted child
+    (docs/performance.md): the message says what the grader holds there and what to try."""
+    oom = VECTOR_ADD_CASE.replace("    return a + b", "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 12.00 GiB.')")
+    make_case("cases/add", oom)
+    result = run_kcoral("-m", "seen", "--kcoral-json", "out.json")
+    result.assert_outcomes(failed=1, deselected=1)
+    (item,) = json.loads((pytester.path / "out.json").read_text())["items"]
+    assert item["case_failed"] is True
+    assert item["message"].startswith(CASE_FAILED_PREFIX) and "CUDA out of memory" in item["message"]
+    assert "hint: each of the grader's processes holds the shape's data on the device at once" in item["message"]
+    assert "--kcoral-trials 1" in item["message"]
