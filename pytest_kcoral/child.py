@@ -30,7 +30,7 @@ from pytest_kcoral import child_trusted, confine, leftovers, protocol, tamper, t
 from pytest_kcoral.case_runtime import BaselineRuntime, CandidateError, CandidateRuntime, CaseRuntime
 from pytest_kcoral.child_feeder import Feeder
 from pytest_kcoral.child_judges import Pricing, TimedCalls, TrialCalls
-from pytest_kcoral.child_outputs import keep_large_allocations_on_heap
+from pytest_kcoral.child_outputs import keep_large_allocations_on_heap, release_cached_memory
 from pytest_kcoral.child_run import run_trials
 from pytest_kcoral.child_timing import FedSets, OwnSets, new_own_sets, sets_key, time_round
 from pytest_kcoral.child_trusted import KeptTrials
@@ -491,7 +491,9 @@ class _Runner:
         self._require(CANDIDATE, BASELINE)
         candidate = self._loaded()
         self._drop_timing_sets()  # an item's timing draws its own sets (see ``_finish``)
-        return run_trials(command, candidate.bind, self.device, getattr(candidate, "parameters_differ", None), self._feed)
+        reply = run_trials(command, candidate.bind, self.device, getattr(candidate, "parameters_differ", None), self._feed)
+        release_cached_memory(self.device)  # the trials' inputs: the other side's process runs them next
+        return reply
 
     def _time(self, command: Time) -> Message:
         """One timing round (``child_timing``). The baseline's kept outputs are kept as the

@@ -70,6 +70,21 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+# Cached free device memory a child gives back after its trials: the processes of one item share the
+# GPU, and a KernelBench problem's transients (GBs a trial) cached in one would run another out.
+RELEASE_CACHED_BYTES = 256 << 20
+
+
+def release_cached_memory(device: str) -> None:
+    """Give the device memory this process's allocator keeps cached but unused back to the GPU,
+    when it is large: small items keep their cache, and with it their timing sets' placements."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() >= RELEASE_CACHED_BYTES:
+            torch.cuda.empty_cache()
+
+
 _PLAIN_SCALARS = (int, float, bool, type(None))  # exact types: a subclass could compare equal to anything
 
 

@@ -14,7 +14,16 @@ from typing import Any
 
 from pytest_kcoral import checker, correctness, host_memory, physical_floor, speed_of_light
 from pytest_kcoral.case_runtime import CaseRuntime
-from pytest_kcoral.child_outputs import aliases, check_inplace_indices, clone_values, flatten_outputs, leaves, require_plain_outputs, to_cpu
+from pytest_kcoral.child_outputs import (
+    aliases,
+    check_inplace_indices,
+    clone_values,
+    flatten_outputs,
+    leaves,
+    release_cached_memory,
+    require_plain_outputs,
+    to_cpu,
+)
 from pytest_kcoral.messages import Check, CheckReply, Cost, CostReply, Reference, ReferenceReply, ReferenceResults
 
 UNSTEADY_SHOWN = 3  # lines of how a second call of the reference disagreed
@@ -124,6 +133,7 @@ def reference(case: CaseRuntime, command: Reference, kept: KeptTrials | None = N
         if kept is not None:
             kept.put(KeptTrials.key(command.shape, command.seeds, command.device), Trials(inputs, refs, written_values, structure))
         results = ReferenceResults(inputs=[], reference=[], written=[])
+    release_cached_memory(command.device)  # the clones and second calls above: the item's other processes need the room
     return ReferenceReply(
         baseline_problems=baseline_problems, baseline_raised=baseline_raised, weak=weak, structure=structure,
         unsteady=unsteady[:UNSTEADY_SHOWN], written_inputs=written_inputs, output_aliases=[list(p) for p in sorted(output_aliases)],
