@@ -117,7 +117,7 @@ def main() -> None:
     run = out / "runs" / "self"
     problems = [p for p in write_run_folder(LEVEL, run) if not args.only or p.stem in args.only]
     print("| problem | eval loop s (sample 0 + 1, fresh interpreters) | loop only s | grader s (both, one session) | grader / eval |"
-          " speedup (identical) | correct (0 / 1) |")
+          " speedup (identical) | eval: correct (0 / 1); ours: outcome (0 / 1) |")
     print("|---|---|---|---|---|---|---|", flush=True)
     for problem in problems:
         pid = problem.name.split("_", 1)[0]
@@ -139,7 +139,8 @@ def main() -> None:
         grader_s = time.perf_counter() - started
         items = {i["candidate"]: i for i in json.loads(json_path.read_text())["items"]} if json_path.exists() else {}
         same = next((i for name, i in items.items() if name.endswith("sample_0")), {})
-        ours = [next((i.get("correct") for name, i in items.items() if name.endswith(f"sample_{k}")), None) for k in (0, 1)]
+        # the item's outcome, not its correctness stage: a correct sample can still fail in timing (the device's memory)
+        ours = [next((i.get("outcome") for name, i in items.items() if name.endswith(f"sample_{k}")), None) for k in (0, 1)]
         speedup = same.get("speedup")
         print(f"| {problem.stem} | {eval_s:.1f} | {loop_s:.1f} | {grader_s:.1f} | {grader_s / eval_s:.2f} | "
               f"{speedup if speedup is None else f'{speedup:.4f}'} | eval {verdicts}, ours {ours} |", flush=True)
