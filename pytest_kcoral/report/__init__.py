@@ -107,7 +107,12 @@ def fmt_bool(value: bool | None) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
 
-def fmt_seen_correct(correct_seen: bool, seen_items: int) -> str:
+def fmt_skipped(items: int, reason: str) -> str:
+    """Why a skipped candidate has no score (``findings.SkippedCandidate``)."""
+    return f"all {items} item(s), not scored: {reason}"
+
+
+def fmt_seen_correct(correct_seen: bool | None, seen_items: int) -> str:
     """``yes``/``no``; ``-`` when no seen shape ran (``-m unseen``), where ``no`` would read as wrong."""
     return fmt_bool(correct_seen) if seen_items else "-"
 

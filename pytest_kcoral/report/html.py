@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_kcoral.report import fmt_pct, fmt_score, fmt_speedup, leaderboard_name, pair_name
+from pytest_kcoral.report import fmt_pct, fmt_score, fmt_seen_correct, fmt_speedup, leaderboard_name, pair_name
 from pytest_kcoral.report.timings import fmt_us
 from pytest_kcoral.speedup_interval import fmt_interval
 
@@ -342,7 +342,7 @@ def suite_section(doc: dict) -> str:
         out.append("<h3>Pairs</h3>")
         out.append(_table(
             ["case::candidate", "compiled", "correct (seen)", "seen speedup", "unseen correct", "unseen speedup", "gap", "AKA", "bench-lite", "noisy items"],
-            ([esc(pair_name(c["case"], c["candidate"])), esc(_yes(c.get("compiled"))), esc(_yes(c.get("correct_seen")) if c.get("seen_items", 1) else "-"),
+            ([esc(pair_name(c["case"], c["candidate"])), esc(_yes(c.get("compiled"))), esc(fmt_seen_correct(c.get("correct_seen"), c.get("seen_items", 1))),
               _num_cell(esc(_mean_text(c, "seen"))), _num_cell(esc(_unseen_text(c))), _num_cell(esc(_mean_text(c, "unseen"))),
               _num_cell(esc(fmt_pct(c.get("generalization_gap")))), _num_cell(esc(fmt_score(c.get("aka_score")))),
               _num_cell(esc(fmt_score(c.get("bench_lite"))) if s.get("timed", True) else "-"),

@@ -22,6 +22,7 @@ from pytest_kcoral.report import (
     fmt_score,
     fmt_seen_correct,
     fmt_shapes,
+    fmt_skipped,
     fmt_speed_score,
     fmt_speedup,
     fmt_unseen,
@@ -137,7 +138,7 @@ def _finding_bullets(scores: Scores) -> list[str]:
                    f" {_cell(f.reason)}")
         out += [f"  - on {', '.join(o['shapes'])}: {_cell(o['reason'])}" for o in f.other_reasons]
     for c in scores.skipped_candidates:
-        out.append(f"- **skipped** `{pair_name(c.case, c.candidate)}`: all {c.items} item(s), not scored: {_cell(c.reason)}")
+        out.append(f"- **skipped** `{pair_name(c.case, c.candidate)}`: {_cell(fmt_skipped(c.items, c.reason))}")
     for b in scores.wrong_baselines:
         out.append(f"- **wrong baseline** `{b.case}` on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     for line in known_answer_lines(scores.known_answers):

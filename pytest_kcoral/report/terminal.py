@@ -23,6 +23,7 @@ from pytest_kcoral.report import (
     fmt_score,
     fmt_seen_correct,
     fmt_shapes,
+    fmt_skipped,
     fmt_speed_score,
     fmt_speedup,
     fmt_unseen,
@@ -113,7 +114,7 @@ def suite_lines(scores: Scores) -> list[str]:
         lines.append(f"CASE FAILED {f.case} on {', '.join(f.shapes)}, every candidate failing there: {f.reason}")
         lines += [f"  on {', '.join(o['shapes'])}: {o['reason']}" for o in f.other_reasons]
     for c in scores.skipped_candidates:
-        lines.append(f"SKIPPED {pair_name(c.case, c.candidate)}: all {c.items} item(s), not scored: {c.reason}")
+        lines.append(f"SKIPPED {pair_name(c.case, c.candidate)}: {fmt_skipped(c.items, c.reason)}")
     for b in scores.wrong_baselines:
         lines.append(f"WRONG BASELINE {b.case} on {fmt_shapes(b.shapes)}: {WRONG_BASELINE_WHY}")
     lines += known_answer_lines(scores.known_answers)

@@ -51,7 +51,8 @@ def timing_lines(items: Sequence[ItemResult]) -> list[str]:
     noisy = sum(1 for it in items if it.noisy)
     title = f"timings (median, baseline -> candidate; speedup with its {CI_LEVEL:.0%} interval): {noisy} of {len(items)} noisy"
     if len(shown) < len(items):
-        title += f", {'only the first' if len(shown) < noisy else 'only the'} {len(shown)} noisy listed" if shown else ", none listed"
+        first = "first " if len(shown) < noisy else ""
+        title += f", only the {first}{len(shown)} noisy listed" if shown else ", none listed"
     lines = [title + ":"]
     for it in shown:
         mark = "  NOISY" if it.noisy else ""
