@@ -44,6 +44,10 @@ class Judge(Protocol):
         """Per set, inputs like those it will hold; the reference's outputs on them; whether each set gets a pad."""
         ...
 
+    def prefill(self, k: int) -> tuple:
+        """The inputs set ``k`` holds once mapped, before any call."""
+        ...
+
     def inputs_for(self, k: int) -> tuple:
         """The inputs set ``k`` gets before its next call."""
         ...
@@ -216,7 +220,7 @@ class Feeder:
                 close_fds([host_fd])
         self.sets = [tuple(self._view(p) if isinstance(p, TensorPlace) else p[1] for p in inputs) for inputs in layout.sets]
         for k in range(len(self.sets)):
-            self._write(k)
+            self._write(k, self.judge.prefill(k))
         synchronize(self.config.device)
         self.pending = None
 
@@ -227,11 +231,10 @@ class Feeder:
 
     # -- a call --------------------------------------------------------------------------------------
 
-    def _write(self, k: int) -> tuple:
-        """The judge's next inputs for set ``k``, written into it; the inputs as made."""
+    def _write(self, k: int, made: tuple) -> None:
+        """The judge's inputs ``made``, written into set ``k``."""
         import torch
 
-        made = self.judge.inputs_for(k)
         target = self.sets[k]
         if len(made) != len(target):
             raise RuntimeError(f"the case's make_inputs returned {len(made)} inputs for one seed and {len(target)} for another")
@@ -240,10 +243,10 @@ class Feeder:
                 if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
                     raise RuntimeError(f"the case's make_inputs returned input {j} of another kind, dtype or shape for another seed")
                 dst.copy_(src)
-        return made
 
     def _refresh(self, k: int) -> None:
-        made = self._write(k)
+        made = self.judge.inputs_for(k)
+        self._write(k, made)
         synchronize(self.config.device)  # written before the child may call: its window opens after the answer
         self.pending = (k, made)
 

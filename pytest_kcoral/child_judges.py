@@ -7,7 +7,7 @@
   all in one pass (``correctness.mismatch_tally``): a turn holds copies, not the reference's
   call and the comparison, and a check adds no wait for the device.
 - ``TrialCalls``: the correctness trials, with the inputs the reference was computed on (kept
-  here, ``child_trusted.KeptTrials``), judged in full as the correctness stage judges: the
+  here, or made again from their seeds when too large to keep: ``child_trusted.Trials``), judged in full as the correctness stage judges: the
   structure, the values (or the case's own checker), the INPLACE results, every other input
   unchanged, and what the trials tell together (outputs that ignore their inputs, a constant).
 
@@ -25,10 +25,10 @@ from typing import Any
 
 from pytest_kcoral import checker, correctness
 from pytest_kcoral.case_runtime import CaseRuntime
-from pytest_kcoral.child_feeder import timed_sets
+from pytest_kcoral.child_feeder import ONE_SET_BYTES, timed_sets
 from pytest_kcoral.child_outputs import clone_values, flatten_outputs, leaves, require_plain_outputs, synchronize
 from pytest_kcoral.child_trusted import Trials
-from pytest_kcoral.feed import Outcome
+from pytest_kcoral.feed import FeedError, Outcome
 from pytest_kcoral.messages import FeedPeer, FeedReportReply, FeedRound
 from pytest_kcoral.timing.placement import tensor_bytes
 
@@ -140,6 +140,9 @@ class TimedCalls:
         self.expected = [(str(o.dtype).removeprefix("torch."), list(o.shape)) if hasattr(o, "dtype") else None for o in outputs]
         n_sets, pads = timed_sets(tensor_bytes(args), self.config.device, wanted)
         return [args] * n_sets, outputs, pads
+
+    def prefill(self, k: int) -> tuple:
+        return self.inputs_for(k)
 
     def inputs_for(self, k: int) -> tuple:
         return self.case.make_inputs(self.config.shape, self.rng.getrandbits(62))
@@ -295,47 +298,64 @@ class TimedCalls:
 
 
 class TrialCalls:
-    """Feeds and judges a side's correctness trials, each on the inputs the reference had."""
+    """Feeds and judges a side's correctness trials, each on the inputs the reference had: the
+    n-th call gets the n-th trial, written into the set it names, so no call picks its trial. Its
+    child gets a set per trial, or one that takes them in turn when a set is large (as for timed
+    calls: ``ONE_SET_BYTES``)."""
 
     def __init__(self, case: CaseRuntime, config: FeedPeer, rng: Any, trials: Trials) -> None:
         self.case, self.config, self.rng, self.trials = case, config, rng, trials
         self.tol = correctness.Tolerance(config.tolerance.atol, config.tolerance.rtol, config.tolerance.strict)
-        n = len(trials.inputs)
+        n = len(trials)
         self.problems: list[list[str]] = [[] for _ in range(n)]
         self.run: set[int] = set()  # the trials its child called
-        self.outputs: list[Any] = [None] * n  # per trial, copies of its outputs once they could be read: for what the trials tell together
+        self.next_trial = 0  # the trial the next call gets
+        self.in_flight: int | None = None  # the trial written for the call in flight
+        self.trials_together = correctness.TrialsTogether()
         self.together: dict[str, Any] = {}
 
     def layout_inputs(self, wanted: int) -> tuple[list[tuple], tuple, bool]:
-        return list(self.trials.inputs), self.trials.reference[0], False
+        first = self.trials.trial(0)
+        n_sets = 1 if tensor_bytes(first.inputs) > ONE_SET_BYTES else len(self.trials)
+        return [first.inputs] * n_sets, first.reference, False
+
+    def prefill(self, k: int) -> tuple:
+        return self.trials.trial(k).inputs
 
     def inputs_for(self, k: int) -> tuple:
-        return self.trials.inputs[k]
+        t = self.next_trial
+        if t >= len(self.trials):
+            raise FeedError(f"a call past the {len(self.trials)} trials")
+        self.next_trial, self.in_flight = t + 1, t
+        return self.trials.trial(t).inputs
 
     def turn(self, us: float) -> None:
         pass
 
     def judge(self, outcome: Outcome, k: int, made: tuple, after: tuple, outputs: Outputs) -> None:
-        """Trial ``k`` in full. A trial whose child found something (a lazy object, an alias) is
-        left to those findings, which the child's own reply carries."""
-        self.run.add(k)
+        """The trial in flight, in full. A trial whose child found something (a lazy object, an
+        alias) is left to those findings, which the child's own reply carries."""
+        t, self.in_flight = self.in_flight, None
+        assert t is not None  # a call's outcome comes after its inputs (``Feeder._judge``)
+        self.run.add(t)
         if outcome.problems:
             return
-        problems = correctness.compare_structure(outcome.structure, self.trials.structure)
+        trial = self.trials.trial(t)
+        problems = correctness.compare_structure(outcome.structure, trial.structure)
         if not problems:
             values, problems = outputs()
             if not problems:
                 written = self.config.written_inputs
                 after_written = tuple(after[j] for j in written)
                 if self.config.checker:
-                    problems = checker.unwritten_elements(values, self.trials.reference[k])
+                    problems = checker.unwritten_elements(values, trial.reference)
                     problems += case_checker_verdict(self.case, made, outcome.structure, values)
                     problems += correctness.describe_changed_inputs(correctness.changed_inputs(made, after), self._may_write(outcome))
                 else:
-                    problems = values_and_inputs(values, self.trials.reference[k], after_written, self.trials.written[k], written, made,
+                    problems = values_and_inputs(values, trial.reference, after_written, trial.written, written, made,
                                                  after, self._may_write(outcome), self.tol)
-                self.outputs[k] = clone_values(tuple(values))
-        self.problems[k] += problems  # a trial called twice answers for both calls
+                self.trials_together.add(t, values, trial.reference)
+        self.problems[t] += problems
 
     def _may_write(self, outcome: Outcome) -> list[int]:
         """``stage_correctness.may_write`` for one trial: INPLACE's inputs, and where a case's data
@@ -344,12 +364,8 @@ class TrialCalls:
         return sorted({*self.config.inplace, *returned})
 
     def end(self) -> None:
-        refs = self.trials.reference
-        # an output too large for the slot came as its dtype and shape only (``meta``): of its kind, not its values
-        readable = [None if out is None or any(getattr(v, "is_meta", False) for v in out) else out for out in self.outputs]
-        self.together = {"same_kinds": correctness.same_kinds(self.outputs, refs),
-                         "ignores_inputs": correctness.ignores_inputs(readable, refs),
-                         "constant": correctness.constant_where_reference_varies(readable, refs, self.tol) or ""}
+        together = self.trials_together
+        self.together = {"same_kinds": together.same_kinds, "ignores_inputs": together.ignores_inputs, "constant": together.constant or ""}
 
     def report(self, closed: str, error: str) -> FeedReportReply:
         rounds = [FeedRound(calls=0, checked=0, problems=[], turn_median_us=None, closed=closed)] if closed else []

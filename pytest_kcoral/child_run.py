@@ -2,8 +2,9 @@
 per trial's inputs, each after poisoning the memory its outputs will reuse.
 
 - Fed (on this host, ``Run.fed``): the case's trusted child writes each trial's inputs, the very
-  ones its reference ran on, into this child's memory just before the call (``child_timing.FedSets``),
-  and judges the outputs this child copies to the slot. The reply carries no tensors.
+  ones its reference ran on, into this child's memory just before the call, and judges the
+  outputs this child copies to the slot (``child_timing.FedSets``: a set per trial, or one taking
+  them in turn when large). The reply carries no tensors.
 - Not fed (a KCoral program): the inputs come in the command; the call gets device copies, and
   the outputs, and the INPLACE inputs written, go back to the parent, which judges them.
 
@@ -43,13 +44,14 @@ def run_trials(command: Run, bind: Callable[[dict[str, Any], tuple], Callable[[]
     if command.fed:
         if feed is None:
             raise RuntimeError("a fed run command before attach_feed")
-        fed = FedSets(feed, shape, 1, device, bind)  # one set per trial: the trusted child's layout says how many
-        trials = [None] * len(fed.sets)
+        fed = FedSets(feed, shape, 1, device, bind)  # the trusted child's layout says how many sets
+        trials = [None] * command.trials
     for t, sent in enumerate(trials):
         if fed is not None:
-            fed.refresh(t)  # the trusted child writes the trial's inputs now
-            args = fed.sets[t]
-            fn = fed.fns[t]
+            k = t % len(fed.sets)
+            fed.refresh(k)  # the trusted child writes the trial's inputs now
+            args = fed.sets[k]
+            fn = fed.fns[k]
         else:
             # the call gets copies on the device; ``before`` keeps the inputs as sent, to find what it
             # wrote: a copy made on the device, not a second transfer from the host
@@ -70,7 +72,7 @@ def run_trials(command: Run, bind: Callable[[dict[str, Any], tuple], Callable[[]
         findings.append(problems)
         output_aliases.append(shared)
         if fed is not None:
-            fed.keep(t, out, problems, shared)
+            fed.keep(k, out, problems, shared)
             outputs.append(None)
             written.append(None)
             inputs_changed.append([])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,18 +29,54 @@ from pytest_kcoral.messages import Check, CheckReply, Cost, CostReply, Reference
 
 UNSTEADY_SHOWN = 3  # lines of how a second call of the reference disagreed
 KEPT_SHAPES = 2  # the trials kept on the device for feeds (``KeptTrials``): the item's shape, and the one before
+KEPT_SHARE = 1 / 8  # of the device's memory, the most one shape's kept trials take (``Trials``)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Trial:
+    """One correctness trial as the trusted child made it: the inputs (never run on), the
+    reference's outputs and the INPLACE inputs it wrote."""
+
+    inputs: tuple
+    reference: tuple
+    written: tuple
+    structure: Any  # the reference's outputs' (``flatten_outputs``)
+
+
 class Trials:
-    """One shape's correctness trials as the trusted child made them, kept on the device to feed
-    a candidate's and the baseline's child (``child_feeder``): per trial the inputs (never run
-    on), the reference's outputs and the INPLACE inputs it wrote."""
+    """One shape's correctness trials, to feed a candidate's and the baseline's child
+    (``child_feeder``). Kept on the device while they take at most ``KEPT_SHARE`` of it; larger
+    ones are made again, one trial at a time, from their seeds: two copies of a KernelBench
+    problem's trials at its own size (the kept ones and the fed process's) fill an 80 GB GPU."""
 
-    inputs: list[tuple]
-    reference: list[tuple]
-    written: list[tuple]
-    structure: Any
+    def __init__(self, seeds: list[int], kept: list[Trial] | None = None, remake: Callable[[int], Trial] | None = None) -> None:
+        self.seeds, self._kept, self._remake = seeds, kept, remake
+        self._last: tuple[int, Trial] | None = None  # the trial remade last: asked for again while it is fed
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def remade(self) -> bool:
+        return self._kept is None
+
+    def trial(self, t: int) -> Trial:
+        if self._kept is not None:
+            return self._kept[t]
+        assert self._remake is not None
+        if self._last is None or self._last[0] != t:
+            self._last = None  # the last one's tensors go before the next one's are made
+            self._last = (t, self._remake(t))
+        return self._last[1]
+
+
+def keeps_on_device(trial_bytes: int, trials: int, device: str) -> bool:
+    """Whether ``trials`` trials of ``trial_bytes`` each are kept on ``device`` (``Trials``)."""
+    if not device.startswith("cuda"):
+        return True  # host memory, checked before the trials are made (``host_memory.check``)
+    import torch
+
+    return trial_bytes * trials <= KEPT_SHARE * torch.cuda.get_device_properties(torch.device(device)).total_memory
 
 
 class KeptTrials:
@@ -63,17 +100,16 @@ class KeptTrials:
 
 
 def make_trials(case: CaseRuntime, shape: dict[str, Any], seeds: list[int], written_inputs: list[int]) -> Trials:
-    """The trials ``reference`` made for ``seeds``, made again (a trusted child started since:
-    the inputs are seeded, and the reference answers alike, or its case failed as unsteady)."""
-    inputs, refs, written, structure = [], [], [], None
-    for seed in seeds:
-        args = case.make_inputs(shape, seed)
+    """The trials ``reference`` made for ``seeds``, made again one at a time as they are fed (a
+    trusted child started since, or trials too large to keep): the inputs are seeded, and the
+    reference answers alike, or its case failed as unsteady."""
+    def remake(t: int) -> Trial:
+        args = case.make_inputs(shape, seeds[t])
         ref_args = clone_values(args)
         ref, structure = flatten_outputs(case.reference(shape, ref_args))
-        inputs.append(args)
-        refs.append(ref)
-        written.append(tuple(ref_args[j] for j in written_inputs))
-    return Trials(inputs, refs, written, structure)
+        return Trial(args, ref, tuple(ref_args[j] for j in written_inputs), structure)
+
+    return Trials(seeds, remake=remake)
 
 
 def reference(case: CaseRuntime, command: Reference, kept: KeptTrials | None = None) -> ReferenceReply:
@@ -94,20 +130,29 @@ def reference(case: CaseRuntime, command: Reference, kept: KeptTrials | None = N
     baseline_raised = False
     output_aliases: set[tuple[int, int]] = set()
     after_calls, written = [], set()
+    returns_nothing = True
+    input_bytes, output_bytes, after_bytes = _trial_sizes((), (), (), [])
     # kept where they are for a feed, else to the host now: the next trial's tensors take their place
     here = (lambda values: values) if command.keep else to_cpu
+    remade = False  # kept for a feed, but too large to keep: let go, and made again as they are fed
     for t, seed in enumerate(command.seeds):
         args = case.make_inputs(shape, seed)
         check_inplace_indices(inplace, args)
         ref_args = clone_values(args)
         ref, structure = flatten_outputs(case.reference(shape, ref_args))
         require_plain_outputs(ref, "reference")
+        if t == 0:
+            input_bytes, output_bytes, after_bytes = _trial_sizes(args, ref, ref_args, kept_inputs)
+            if command.keep and not keeps_on_device(sum(input_bytes) + sum(output_bytes) + sum(after_bytes.values()), len(command.seeds),
+                                                    command.device):
+                remade, here = True, _let_go
         # before the other trials take their share; kept on a GPU, nothing crosses to the host
         if t == 0 and command.check_host_memory and not (command.keep and command.device.startswith("cuda")):
             on_cpu = command.device == "cpu"
             trial_bytes = host_memory.tensor_bytes(args) + host_memory.tensor_bytes(ref)
             held_bytes = trial_bytes + host_memory.tensor_bytes(ref_args) if on_cpu else 0
             host_memory.check(trial_bytes, len(command.seeds), timed_on_cpu=command.timed and on_cpu, held_bytes=held_bytes)
+        returns_nothing = returns_nothing and all(v is None for v in ref)
         # an output the reference returns as one of its inputs (``return a.add_(b)``, a no-op
         # ``x.to(x.dtype)``, GPU MODE's ``c[...] = a @ b; return c``): a candidate may too
         output_aliases.update(aliases(ref, ref_args))
@@ -125,25 +170,37 @@ def reference(case: CaseRuntime, command: Reference, kept: KeptTrials | None = N
                 baseline_raised = baseline_raised or raised
         refs.append(here(ref))
         inputs.append(here(args))
+        del args, ref_args, ref  # a remade trial's tensors go before the next trial's are made
     # in every trial, once one trial wrote it
     written_inputs = command.written_inputs if command.written_inputs is not None else sorted(written)
     written_values = [tuple(after[j] for j in written_inputs) for after in after_calls]
     results = ReferenceResults(inputs=inputs, reference=refs, written=written_values)
     if command.keep:
         if kept is not None:
-            kept.put(KeptTrials.key(command.shape, command.seeds, command.device), Trials(inputs, refs, written_values, structure))
+            key = KeptTrials.key(command.shape, command.seeds, command.device)
+            if remade:
+                kept.put(key, make_trials(case, shape, command.seeds, written_inputs))
+            else:
+                kept.put(key, Trials(command.seeds, kept=[Trial(*trial, structure) for trial in zip(inputs, refs, written_values)]))
         results = ReferenceResults(inputs=[], reference=[], written=[])
     release_cached_memory(command.device)  # the clones and second calls above: the item's other processes need the room
     return ReferenceReply(
         baseline_problems=baseline_problems, baseline_raised=baseline_raised, weak=weak, structure=structure,
         unsteady=unsteady[:UNSTEADY_SHOWN], written_inputs=written_inputs, output_aliases=[list(p) for p in sorted(output_aliases)],
-        payload=results,
-        # one trial's sizes, for what the pytest process decides without the tensors
-        input_bytes=[host_memory.tensor_bytes((a,)) for a in inputs[0]] if inputs else [],
-        output_bytes=[host_memory.tensor_bytes((r,)) for r in refs[0]] if refs else [],
-        written_bytes=host_memory.tensor_bytes(written_values[0]) if written_values else 0,
-        returns_nothing=all(v is None for ref in refs for v in ref),
+        payload=results, input_bytes=input_bytes, output_bytes=output_bytes,
+        written_bytes=sum(after_bytes.get(j, 0) for j in written_inputs), returns_nothing=returns_nothing,
     )
+
+
+def _trial_sizes(args: tuple, ref: tuple, ref_args: tuple, kept_inputs: list[int]) -> tuple[list[int], list[int], dict[int, int]]:
+    """One trial's sizes, for what the pytest process decides without the tensors: per input, per
+    output, and per kept input after the call."""
+    return ([host_memory.tensor_bytes((a,)) for a in args], [host_memory.tensor_bytes((r,)) for r in ref],
+            {j: host_memory.tensor_bytes((ref_args[j],)) for j in kept_inputs})
+
+
+def _let_go(values: tuple) -> tuple:
+    return (None,) * len(values)
 
 
 def baseline_problems_on(case: CaseRuntime, shape: dict[str, Any], args: tuple, ref: tuple, ref_written: tuple, wrote: list[int],

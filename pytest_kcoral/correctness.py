@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_kcoral.child_outputs import clone_values
+
 if TYPE_CHECKING:  # annotations only: the functions import torch when they run
     import torch
 
@@ -456,27 +458,68 @@ def constant_where_reference_varies(outputs_per_trial: Sequence[Sequence[Any] | 
     passes the tolerance check; a kernel that computes something never returns the same value in
     every element when the reference holds several distinct ones.
     """
+    for t, (outs, refs) in enumerate(zip(outputs_per_trial, reference_per_trial)):
+        found = constant_output(t, outs, refs)
+        if found:
+            return found
+    return None
+
+
+def constant_output(t: int, outs: Sequence[Any] | None, refs: Sequence[Any]) -> str | None:
+    """``constant_where_reference_varies`` for trial ``t`` (counted from 0)."""
     import torch
 
-    for t, (outs, refs) in enumerate(zip(outputs_per_trial, reference_per_trial)):
-        if outs is None:
+    if outs is None:
+        return None
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        if not (isinstance(out, torch.Tensor) and isinstance(ref, torch.Tensor)) or out.numel() < 2:
             continue
-        for i, (out, ref) in enumerate(zip(outs, refs)):
-            if not (isinstance(out, torch.Tensor) and isinstance(ref, torch.Tensor)) or out.numel() < 2:
-                continue
-            if out.shape != ref.shape or not out.is_floating_point() or not ref.is_floating_point():
-                continue
-            o = out.flatten()
-            if not bool((o == o[0]).all()):
-                continue  # the usual case, decided before the reference is converted
-            r = ref.to(torch.float64).flatten()
-            if not bool(torch.isfinite(r).all()):
-                continue
-            distinct = int(torch.unique(r).numel())
-            if distinct >= _DISTINCT_VALUES:
-                return (f"trial {t + 1}: output {i} is the constant {float(o[0]):.6g} in every element while the reference's "
-                        f"{distinct} distinct values range over {float(r.max() - r.min()):.3g} (near-zero or constant output)")
+        if out.shape != ref.shape or not out.is_floating_point() or not ref.is_floating_point():
+            continue
+        o = out.flatten()
+        if not bool((o == o[0]).all()):
+            continue  # the usual case, decided before the reference is converted
+        r = ref.to(torch.float64).flatten()
+        if not bool(torch.isfinite(r).all()):
+            continue
+        distinct = int(torch.unique(r).numel())
+        if distinct >= _DISTINCT_VALUES:
+            return (f"trial {t + 1}: output {i} is the constant {float(o[0]):.6g} in every element while the reference's "
+                    f"{distinct} distinct values range over {float(r.max() - r.min()):.3g} (near-zero or constant output)")
     return None
+
+
+class TrialsTogether:
+    """What the trials tell together (``same_kinds``, ``ignores_inputs``,
+    ``constant_where_reference_varies``), told one trial at a time and in trial order. Only the
+    first readable trial's outputs and reference are held: a feed of trials of many GB holds one
+    trial beside them (``child_judges.TrialCalls``)."""
+
+    def __init__(self) -> None:
+        self.same_kinds = True
+        self.first: tuple[tuple, Sequence[Any]] | None = None  # a copy of the first readable outputs, and their reference
+        self.later = 0  # readable trials after the first
+        self.reference_varies = False
+        self.outputs_vary = False
+        self.constant: str | None = None
+
+    def add(self, t: int, outs: Sequence[Any], refs: Sequence[Any]) -> None:
+        """Trial ``t``'s outputs that came back. One too large to be read came as a ``meta``
+        tensor: of its kind, not its values."""
+        self.same_kinds = self.same_kinds and same_kinds([outs], [refs])
+        if any(getattr(v, "is_meta", False) for v in outs):
+            return
+        if self.first is None:
+            self.first = (clone_values(tuple(outs)), refs)
+        else:
+            self.later += 1
+            self.reference_varies = self.reference_varies or not _same(self.first[1], refs)
+            self.outputs_vary = self.outputs_vary or not _same(self.first[0], outs)
+        self.constant = self.constant or constant_output(t, outs, refs)
+
+    @property
+    def ignores_inputs(self) -> bool:
+        return self.later > 0 and self.reference_varies and not self.outputs_vary
 
 
 # a reference with at least this many distinct values is not matched by an honest constant output

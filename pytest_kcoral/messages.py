@@ -177,6 +177,7 @@ class Run(Command[RunReply]):
     # the trusted child feeds each trial's inputs and judges its outputs (``feed.py``, after
     # ``AttachFeed``): the reply carries no tensors
     fed: bool = False
+    trials: int = 0  # how many trials a fed run calls (the trusted child picks which trial each call gets)
 
 
 # -- timing --------------------------------------------------------------------------------------

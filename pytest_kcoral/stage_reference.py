@@ -178,7 +178,8 @@ def correctness_run(ctx: ItemContext, ref: ReferenceData) -> Run:
     if ctx.spec.case.output_buffers_in_inputs:  # any output may be an input: ``stage_correctness.may_write`` judges the writes
         aliases = tuple((i, j) for i in range(len(ref.output_bytes)) for j in range(len(ref.input_bytes)))
     return Run(shape=ctx.spec.shape.params, device=ctx.device, poison_bytes=poison, written_inputs=list(ref.written_inputs),
-               allowed_aliases=[list(pair) for pair in aliases], payload=RunInputs(inputs=[] if ref.kept else ref.inputs), fed=ref.kept)
+               allowed_aliases=[list(pair) for pair in aliases], payload=RunInputs(inputs=[] if ref.kept else ref.inputs), fed=ref.kept,
+               trials=len(ref.seeds))
 
 
 def reply_limit(ref: ReferenceData, results: int) -> int:

@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 
+from pytest_kcoral.child_feeder import ONE_SET_BYTES
 from pytest_kcoral.feed import SPIN_S, FeedChannel, FeedClosed, FeedError
 from pytest_kcoral.shared_memory import ALIGN, MappedRegion, Region, RegionInfo, SharedMemoryError
 
@@ -286,3 +287,129 @@ def test_figures_beyond_the_trusted_childs_account_are_forged():
     # on a CPU a call's time may be its CPU time, which other threads' work spread over the calls raises
     assert _forged_rounds(fed, [TimingStats(method="wall", median_us=43.0, n=100)]) == []
     assert _forged_rounds(fed, [TimingStats(method="wall", median_us=400.0, n=100, flags=["cpu_time_above_wall"])]) == []
+
+
+# -- fed correctness trials, the trusted side in a process of its own -------------------------------
+
+def _trusted_trials_side(sock: socket.socket, case_path: str, seeds: list[int], remade: bool, n: int, results) -> None:
+    from pytest_kcoral.case_runtime import CaseRuntime
+    from pytest_kcoral.child import Unpredictable
+    from pytest_kcoral.child_feeder import Feeder
+    from pytest_kcoral.child_judges import TrialCalls
+    from pytest_kcoral.child_trusted import Trials, make_trials
+    from pytest_kcoral.messages import FeedPeer, ToleranceSpec
+
+    case = CaseRuntime({"format": "native", "source": case_path, "device": "cpu", "device_kind": "cpu"})
+    trials = make_trials(case, {"n": n}, seeds, [])
+    if not remade:  # kept, as ``child_trusted.reference`` keeps trials that fit on the device
+        trials = Trials(seeds, kept=[trials.trial(t) for t in range(len(seeds))])
+    config = FeedPeer(peer="candidate", shape={"n": n}, device="cpu", tolerance=ToleranceSpec(atol=None, rtol=None), inplace=[],
+                      written_inputs=[], may_write=[], trials=seeds)
+    feeder = Feeder(case, FeedChannel(sock), config, TrialCalls(case, config, Unpredictable(), trials))
+    while feeder.open:
+        feeder.serve_one()
+    reply = feeder.report(final=True)
+    results.put((reply.trials, reply.ignores_inputs, reply.constant, [r.closed for r in reply.rounds]))
+
+
+def _fed_trials(tmp_path, kernel, remade: bool, calls: int = 3, n: int = 64):
+    """``calls`` calls of ``kernel(a, b)`` on the trials of three seeds, each call naming the next
+    of the sets the trusted side laid out; its account, the fed side's error and how many sets."""
+    from pytest_kcoral.child_timing import FedSets
+
+    case_path = tmp_path / "case.py"
+    case_path.write_text(textwrap.dedent(ADD_CASE))
+    ours, theirs = socket.socketpair()
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    trusted = ctx.Process(target=_trusted_trials_side, args=(theirs, str(case_path), [11, 12, 13], remade, n, results))
+    trusted.start()
+    theirs.close()
+    error = None
+    try:
+        fed = FedSets(FeedChannel(ours), {"n": n}, 1, "cpu", lambda _shape, args: (lambda: kernel(*args)))
+        try:
+            for i in range(calls):
+                k = i % len(fed.sets)
+                fed.refresh(k)
+                fed.keep(k, fed.fns[k](), [])
+            fed.end_round()
+        except FeedError as exc:
+            error = exc
+        fed.channel.close()
+        return results.get(timeout=60), error, len(fed.sets)
+    finally:
+        trusted.join(30)
+
+
+@pytest.mark.parametrize("remade", [False, True], ids=["kept", "remade"])
+@pytest.mark.parametrize("n", [64, ONE_SET_BYTES // 8 + 1], ids=["a-set-each", "one-set"])  # two fp32 inputs: just over ONE_SET_BYTES
+def test_fed_trials_are_judged_each_on_its_own_inputs(tmp_path, remade, n):
+    seen = []
+
+    def wrong_on_the_second(a, b):
+        seen.append(float(a[0]))
+        return a - b if len(seen) == 2 else a + b
+
+    (trials, ignores, constant, closed), error, n_sets = _fed_trials(tmp_path, wrong_on_the_second, remade, n=n)
+    assert error is None and n_sets == (3 if n == 64 else 1) and closed == []
+    assert len(set(seen)) == 3  # three trials' inputs, in their own sets or one after another in one
+    assert trials[0] == [] and trials[2] == [] and "outside atol" in trials[1][0], trials
+    assert not ignores and constant == ""
+
+
+@pytest.mark.parametrize("remade", [False, True], ids=["kept", "remade"])
+def test_outputs_that_ignore_the_trials_inputs_are_found_one_trial_at_a_time(tmp_path, remade):
+    first = []
+
+    def first_answer_always(a, b):
+        if not first:
+            first.append(a + b)
+        return first[0].clone()
+
+    (trials, ignores, _, _), error, _ = _fed_trials(tmp_path, first_answer_always, remade)
+    assert error is None and ignores and trials[0] == [] and trials[1] and trials[2]
+
+
+def test_a_call_past_the_trials_ends_the_feed_and_a_skipped_trial_is_named(tmp_path):
+    (trials, _, _, closed), error, _ = _fed_trials(tmp_path, lambda a, b: a + b, remade=True, calls=4)
+    assert isinstance(error, FeedError) and "a call past the 3 trials" in str(error)
+    assert "a call past the 3 trials" in closed[0]
+    (trials, _, _, _), error, _ = _fed_trials(tmp_path, lambda a, b: a + b, remade=True, calls=2)
+    assert error is None and trials[:2] == [[], []] and "never called it" in trials[2][0]
+
+
+INPLACE_CASE = """
+import torch
+
+def make_inputs(shape, device):
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+def reference(a, b):
+    a.add_(b)
+    return a * 2
+"""
+
+
+def test_trials_too_large_to_keep_are_made_again_alike(tmp_path, monkeypatch):
+    from pytest_kcoral import child_trusted
+    from pytest_kcoral.case_runtime import CaseRuntime
+    from pytest_kcoral.messages import Reference, ToleranceSpec
+
+    (tmp_path / "case.py").write_text(textwrap.dedent(INPLACE_CASE))
+    case = CaseRuntime({"format": "native", "source": str(tmp_path / "case.py"), "device": "cpu", "device_kind": "cpu"})
+    command = Reference(shape={"n": 64}, device="cpu", seeds=[5, 6, 7], tolerance=ToleranceSpec(atol=None, rtol=None), inplace=[0], keep=True)
+    kept, remade = child_trusted.KeptTrials(), child_trusted.KeptTrials()
+    as_kept = child_trusted.reference(case, command, kept)
+    monkeypatch.setattr(child_trusted, "keeps_on_device", lambda *_: False)  # as for a KernelBench problem at its own size on a GPU
+    as_remade = child_trusted.reference(case, command, remade)
+    assert as_kept == as_remade and as_kept.written_inputs == [0] and as_kept.written_bytes == 64 * 4
+    key = child_trusted.KeptTrials.key(command.shape, command.seeds, "cpu")
+    first, second = kept.get(key), remade.get(key)
+    assert first is not None and second is not None and not first.remade and second.remade
+    for t in range(3):
+        a, b = first.trial(t), second.trial(t)
+        for x, y in zip((*a.inputs, *a.reference, *a.written), (*b.inputs, *b.reference, *b.written)):
+            assert torch.equal(x, y)
+        assert a.structure == b.structure == 0
+    assert not torch.equal(first.trial(0).inputs[0], first.trial(1).inputs[0])
