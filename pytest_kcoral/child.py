@@ -404,6 +404,7 @@ class _Runner:
         reply = feeder.report(command.final)
         if command.final:
             del self.feeders[command.peer]
+            release_cached_memory(self.device)  # a large feed's trials and checks: the next fed process needs the room
         return reply
 
     def _attach_feed(self) -> Attached:

@@ -65,6 +65,9 @@ class Judge(Protocol):
 
     def report(self, closed: str, error: str) -> FeedReportReply: ...
 
+    def let_go(self) -> None:
+        """The feed is over: the device memory held for its calls goes."""
+
 
 class Feeder:
     """Feeds one child for one item: its input sets and output slot, in its own memory."""
@@ -164,6 +167,7 @@ class Feeder:
         for region in self.regions.values():
             region.close()
         self.regions, self.sets, self.pending = {}, [], None
+        self.judge.let_go()
         self.channel.close()
 
     def _refuse(self, why: str) -> None:

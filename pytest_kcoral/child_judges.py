@@ -167,6 +167,9 @@ class TimedCalls:
         self.rounds = []
         return FeedReportReply(rounds=rounds, error=error)
 
+    def let_go(self) -> None:
+        pass
+
     def judge(self, outcome: Outcome, k: int, made: tuple, after: tuple, outputs: Outputs) -> None:
         """One timed call: counted, its kinds checked, and with the item's share (drawn now) its values."""
         call = self.current.calls = self.current.calls + 1
@@ -371,6 +374,10 @@ class TrialCalls:
         rounds = [FeedRound(calls=0, checked=0, problems=[], turn_median_us=None, closed=closed)] if closed else []
         problems = [found if k in self.run else ["its child never called it (results forged?)"] for k, found in enumerate(self.problems)]
         return FeedReportReply(rounds=rounds, error=error, trials=problems, **self.together)
+
+    def let_go(self) -> None:
+        self.trials.let_go()
+        self.trials_together.first = None
 
 
 def values_and_inputs(values: Any, expected: Any, written: tuple, expected_written: tuple, written_inputs: list[int], made: tuple,

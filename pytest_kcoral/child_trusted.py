@@ -69,6 +69,10 @@ class Trials:
             self._last = (t, self._remake(t))
         return self._last[1]
 
+    def let_go(self) -> None:
+        """A feed is over: the trial remade last goes (kept trials stay for the next feed)."""
+        self._last = None
+
 
 def keeps_on_device(trial_bytes: int, trials: int, device: str) -> bool:
     """Whether ``trials`` trials of ``trial_bytes`` each are kept on ``device`` (``Trials``)."""
