@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,10 @@ from pytest_kcoral.child_outputs import clone_values
 
 if TYPE_CHECKING:  # annotations only: the functions import torch when they run
     import torch
+
+# Elements per slice where a comparison of large tensors goes slice by slice, so that its
+# temporaries stay a slice's size (a KernelBench problem at its own size has 6 GB outputs)
+CHUNK_ELEMENTS = 1 << 24
 
 # (atol, rtol) by output dtype's name; a case's ATOL/RTOL override them (e.g. for TF32-like matmuls)
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -183,42 +187,75 @@ def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
     atol, rtol = tol.for_dtype(ref.dtype)
     if not tol.strict and _all_close(out, ref, atol, rtol):
         return []
-    o = out.detach().to(torch.float64).flatten()
-    r = ref.detach().to(torch.float64).flatten()
-    ref_finite = torch.isfinite(r)
-    nonfinite = ~torch.isfinite(o) & ref_finite
-    if nonfinite.any():
-        first = int(nonfinite.nonzero()[0])
-        return [
-            f"{name}: {int(nonfinite.sum())} of {r.numel()} elements are NaN/Inf where the reference is finite, "
-            f"first at index {_index(first, ref.shape)} (unwritten elements read back as NaN poison)"
-        ]
-    # where the reference itself is not finite, the candidate must match it exactly
-    special_mismatch = ~ref_finite & ~((o == r) | (torch.isnan(o) & torch.isnan(r)))
-    diff = torch.where(ref_finite, (o - r).abs(), torch.zeros_like(r))
-    if tol.strict:
-        max_abs = float(diff.max())
-        scale = r.abs().where(ref_finite & (r != 0), torch.ones_like(r))
-        max_rel = float((diff / scale).max())
+    found = _Diagnosis()
+    flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
+    for at in range(0, flat_ref.numel(), CHUNK_ELEMENTS):
+        found.add(at, flat_out[at:at + CHUNK_ELEMENTS].to(torch.float64), flat_ref[at:at + CHUNK_ELEMENTS].to(torch.float64), atol, rtol, tol.strict)
+    return found.problems(name, ref.numel(), ref.shape, atol, rtol, tol.strict)
+
+
+class _Diagnosis:
+    """A failing comparison's figures, gathered slice by slice in float64 (``CHUNK_ELEMENTS``): the
+    whole tensors in float64 at once took several times a 6 GB output's size on the device."""
+
+    def __init__(self) -> None:
+        self.nonfinite = self.special = self.bad = 0
+        self.nonfinite_first = self.special_first = -1
+        self.special_values = (0.0, 0.0)
+        self.max_abs = self.max_rel = -1.0
+        self.worst, self.worst_values = -1, (0.0, 0.0)  # the largest error (strict), or the largest outside the tolerance
+        self.worst_error = -1.0
+
+    def add(self, at: int, o: Any, r: Any, atol: float, rtol: float, strict: bool) -> None:
+        import torch
+
+        ref_finite = torch.isfinite(r)
+        nonfinite = ~torch.isfinite(o) & ref_finite
+        n = int(nonfinite.sum())
+        if n:
+            self.nonfinite_first = self.nonfinite_first if self.nonfinite else at + int(nonfinite.nonzero()[0])
+            self.nonfinite += n
+        if self.nonfinite:
+            return  # only the NaN/Inf are told then
+        # where the reference itself is not finite, the candidate must match it exactly
+        special = ~ref_finite & ~((o == r) | (torch.isnan(o) & torch.isnan(r)))
+        n = int(special.sum())
+        if n:
+            if not self.special:
+                first = int(special.nonzero()[0])
+                self.special_first, self.special_values = at + first, (float(o[first]), float(r[first]))
+            self.special += n
+        diff = torch.where(ref_finite, (o - r).abs(), torch.zeros_like(r))
+        self.max_abs = max(self.max_abs, float(diff.max()))
+        if strict:
+            scale = r.abs().where(ref_finite & (r != 0), torch.ones_like(r))
+            self.max_rel = max(self.max_rel, float((diff / scale).max()))
+            candidates = diff
+        else:
+            bad = (diff > atol + rtol * r.abs()) & ref_finite
+            self.bad += int(bad.sum())
+            candidates = torch.where(bad, diff, torch.full_like(diff, -1.0))
+        i = int(candidates.argmax())
+        if float(candidates[i]) > self.worst_error:
+            self.worst_error, self.worst, self.worst_values = float(candidates[i]), at + i, (float(o[i]), float(r[i]))
+
+    def problems(self, name: str, numel: int, shape: Any, atol: float, rtol: float, strict: bool) -> list[str]:
+        if self.nonfinite:
+            return [f"{name}: {self.nonfinite} of {numel} elements are NaN/Inf where the reference is finite, "
+                    f"first at index {_index(self.nonfinite_first, shape)} (unwritten elements read back as NaN poison)"]
         problems = []
-        if max_abs > atol or max_rel > rtol:
-            worst = int(diff.argmax())
+        if strict and (self.max_abs > atol or self.max_rel > rtol):
             problems.append(
-                f"{name}: max abs error {max_abs:.3g} (atol {atol:g}), max rel error {max_rel:.3g} (rtol {rtol:g}) "
-                f"under --kcoral-tolerance strict; worst at index {_index(worst, ref.shape)}: {_got_expected(float(o[worst]), float(r[worst]))}"
-            )
-        problems += _special_mismatch(name, special_mismatch, o, r, ref.shape)
+                f"{name}: max abs error {self.max_abs:.3g} (atol {atol:g}), max rel error {self.max_rel:.3g} (rtol {rtol:g}) "
+                f"under --kcoral-tolerance strict; worst at index {_index(self.worst, shape)}: {_got_expected(*self.worst_values)}")
+        if not strict and self.bad:
+            problems.append(
+                f"{name}: {self.bad} of {numel} elements ({100.0 * self.bad / numel:.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
+                f"max abs error {self.max_abs:.3g}; worst at index {_index(self.worst, shape)}: {_got_expected(*self.worst_values)}")
+        if self.special:
+            problems.append(f"{name}: {self.special} of {numel} elements differ where the reference is NaN/Inf; "
+                            f"first at index {_index(self.special_first, shape)}: got {self.special_values[0]:.6g}, expected {self.special_values[1]:.6g}")
         return problems
-    bad = (diff > atol + rtol * r.abs()) & ref_finite
-    problems = []
-    if bad.any():
-        n_bad = int(bad.sum())
-        worst = int(torch.where(bad, diff, torch.full_like(diff, -1.0)).argmax())
-        problems.append(
-            f"{name}: {n_bad} of {r.numel()} elements ({100.0 * n_bad / r.numel():.3g}%) outside atol {atol:g} + rtol {rtol:g} x |ref|; "
-            f"max abs error {float(diff.max()):.3g}; worst at index {_index(worst, ref.shape)}: {_got_expected(float(o[worst]), float(r[worst]))}"
-        )
-    return problems + _special_mismatch(name, special_mismatch, o, r, ref.shape)
 
 
 def _got_expected(got: float, expected: float) -> str:
@@ -230,23 +267,15 @@ def _got_expected(got: float, expected: float) -> str:
     return f"got {got:.{digits}g}, expected {expected:.{digits}g}"
 
 
-def _special_mismatch(name: str, mismatch: Any, o: Any, r: Any, shape: Any) -> list[str]:
-    """Where the reference is NaN or +-Inf the candidate must give the same (an error there has
-    no size, so it gets its own line rather than a "max abs error" of nothing)."""
-    if not mismatch.any():
-        return []
-    first = int(mismatch.nonzero()[0])
-    return [f"{name}: {int(mismatch.sum())} of {r.numel()} elements differ where the reference is NaN/Inf; "
-            f"first at index {_index(first, shape)}: got {float(o[first]):.6g}, expected {float(r[first]):.6g}"]
-
-
 def _all_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
     """Every element within atol + rtol x |ref| (NaN matching NaN, an infinity itself): the fast,
     allocation-light test that passing outputs stop at."""
     import torch
 
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
-    return bool(torch.isclose(out.detach().to(work), ref.detach().to(work), rtol=rtol, atol=atol, equal_nan=True).all())
+    flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
+    return all(bool(torch.isclose(flat_out[at:at + CHUNK_ELEMENTS].to(work), flat_ref[at:at + CHUNK_ELEMENTS].to(work), rtol=rtol, atol=atol,
+                                  equal_nan=True).all()) for at in range(0, flat_ref.numel(), CHUNK_ELEMENTS))
 
 
 def mismatch_tally(outputs: Sequence[Sequence[Any]], reference: Sequence[Sequence[Any]], tol: Tolerance,
@@ -284,13 +313,13 @@ def mismatch_tally(outputs: Sequence[Sequence[Any]], reference: Sequence[Sequenc
             continue
         out_rows, ref_rows = _rows([o for o, _ in column]), _rows([r for _, r in column])
         if ref.dtype == torch.bool or not ref.is_floating_point():
-            counts.append(_row_counts(out_rows != ref_rows))
+            counts.append(_row_counts(lambda o, r: o != r, out_rows, ref_rows))
             labels.append(f"{name}: {{}} of {ref.numel()} elements differ (exact match required for {ref.dtype})")
         else:
             atol, rtol = tol.for_dtype(ref.dtype)
             work = torch.float64 if ref.dtype == torch.float64 else torch.float32
-            close = torch.isclose(out_rows.to(work), ref_rows.to(work), rtol=rtol, atol=atol, equal_nan=True)
-            counts.append(ref.numel() - _row_counts(close))
+            counts.append(_row_counts(lambda o, r: ~torch.isclose(o.to(work), r.to(work), rtol=rtol, atol=atol, equal_nan=True),  # noqa: B023
+                                      out_rows, ref_rows))
             labels.append(f"{name}: {{}} of {ref.numel()} elements outside atol {atol:g} + rtol {rtol:g} x |ref|")
     if inputs_before:
         if len(inputs_before) != n_calls or len(inputs_after) != n_calls:
@@ -303,7 +332,7 @@ def mismatch_tally(outputs: Sequence[Sequence[Any]], reference: Sequence[Sequenc
                 return None
             bits = [(_bits(b), _bits(a)) for b, a in column]
             if before.numel() and not _equal_on_the_host(bits):
-                counts.append(_row_counts(_rows([a for _, a in bits]) != _rows([b for b, _ in bits])))
+                counts.append(_row_counts(lambda a, b: a != b, _rows([a for _, a in bits]), _rows([b for b, _ in bits])))
                 labels.append(f"input {j} was modified ({{}} bytes changed); only inputs listed in INPLACE may be written")
     return labels, torch.stack([c.to(torch.int64) for c in counts], dim=1) if counts else None
 
@@ -316,11 +345,18 @@ def _equal_on_the_host(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> bo
     return all(o.device.type == "cpu" and r.device.type == "cpu" and torch.equal(o, r) for o, r in pairs)
 
 
-def _row_counts(flags: torch.Tensor) -> torch.Tensor:
-    """The true elements of each row of a bool tensor (a byte sum: a bool sum is several times slower on a CPU)."""
+def _row_counts(flags: Callable[..., torch.Tensor], *rows: torch.Tensor) -> torch.Tensor:
+    """Per row, the true elements of ``flags`` over the ``rows`` (a byte sum: a bool sum is several
+    times slower on a CPU), a slice of columns at a time (``CHUNK_ELEMENTS``): a sum to int64 makes
+    an int64 copy, 48 GB for a 6 GB input's bytes."""
     import torch
 
-    return flags.view(torch.uint8).sum(dim=1, dtype=torch.int64)
+    total = None
+    for at in range(0, rows[0].shape[1], CHUNK_ELEMENTS):
+        part = flags(*(r[:, at:at + CHUNK_ELEMENTS] for r in rows)).view(torch.uint8).sum(dim=1, dtype=torch.int64)
+        total = part if total is None else total + part
+    assert total is not None  # every row has elements (empty tensors are not counted)
+    return total
 
 
 def _rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -344,7 +380,7 @@ def changed_inputs(before: Sequence[Any], after: Sequence[Any]) -> list[list[Any
         if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             changes.append([j, None])
         elif not torch.equal(_bits(a), _bits(b)):
-            changes.append([j, int((_bits(a) != _bits(b)).sum())])
+            changes.append([j, int(_row_counts(lambda x, y: x != y, _bits(a).reshape(1, -1), _bits(b).reshape(1, -1))[0])])
     return changes
 
 

@@ -412,3 +412,33 @@ def test_a_stacked_count_gives_calls_of_other_kinds_back_to_the_full_comparison(
     assert _tally([(refs[0][0].clone(),), (refs[1][0][:4].clone(),)], refs) is None  # another shape in one call
     assert _tally([(refs[0][0].double(),), (refs[1][0].clone(),)], refs) is None  # another dtype
     assert _tally([(r[0].clone(),) for r in refs], refs) == [[], []]
+
+
+def test_large_tensors_are_compared_slice_by_slice_alike(monkeypatch):
+    """Outputs of several GB are compared a slice at a time (``CHUNK_ELEMENTS``); the verdicts and
+    their figures do not depend on where the slices fall."""
+    import torch
+
+    from pytest_kcoral import correctness
+
+    torch.manual_seed(0)
+    ref = torch.randn(1000)
+    ref[[10, 500]] = float("inf")
+    off = ref.clone()
+    off[[3, 400, 401, 999]] += torch.tensor([0.5, 2.0, -3.0, 1.0])  # the worst, 401, in a later slice
+    off[500] = 1.0  # where the reference is Inf
+    poisoned = off.clone()
+    poisoned[[700, 20]] = float("nan")
+    cases = [(off, correctness.Tolerance(None, None, False)), (off, correctness.Tolerance(None, None, True)),
+             (poisoned, correctness.Tolerance(None, None, False)), (ref.clone(), correctness.Tolerance(None, None, False))]
+    whole = [correctness.compare_outputs([out], [ref], tol) for out, tol in cases]
+    ints = correctness.mismatch_tally([(off,), (ref,)], [(ref,), (ref,)], correctness.Tolerance(None, None, False))
+    changed = correctness.changed_inputs([ref], [off])
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 7)
+    assert [correctness.compare_outputs([out], [ref], tol) for out, tol in cases] == whole
+    assert "4 of 1000 elements" in whole[0][0] and "index (401,)" in whole[0][0] and "where the reference is NaN/Inf" in whole[0][1]
+    assert "first at index (20,)" in whole[2][0] and len(whole[2]) == 1 and whole[3] == []
+    sliced = correctness.mismatch_tally([(off,), (ref,)], [(ref,), (ref,)], correctness.Tolerance(None, None, False))
+    assert ints is not None and sliced is not None and ints[0] == sliced[0] and torch.equal(ints[1], sliced[1])
+    assert ints[1][:, 0].tolist() == [5, 0]  # the four off, and the one where the reference is Inf
+    assert correctness.changed_inputs([ref], [off]) == changed == [[0, changed[0][1]]] and changed[0][1] > 0
