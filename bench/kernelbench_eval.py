@@ -15,7 +15,7 @@ sizes, written for this bench), two candidates are made in a KernelBench run fol
 It prints each side's wall time per problem, and the grader's speedup for the identical
 candidate (which must lie within 2% of 1.0). Run on a GPU host:
 
-    python bench/kernelbench_eval.py [--only 19_ReLU] [--out DIR]
+    python bench/kernelbench_eval.py [--only 19_ReLU] [--skip-eval] [--out DIR]
 
 ``--eval-child`` is the eval loop itself, started by this script.
 """
@@ -107,6 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", default=[], help="problem file stems to run (default: all)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--skip-eval", action="store_true", help="the grader only (the eval loop's columns left empty)")
     parser.add_argument("--eval-child", nargs=2, metavar=("PROBLEM", "KERNEL"), help=argparse.SUPPRESS)
     parser.add_argument("pytest_args", nargs="*", default=[])
     args = parser.parse_args()
@@ -122,7 +123,7 @@ def main() -> None:
     for problem in problems:
         pid = problem.name.split("_", 1)[0]
         eval_s, loop_s, verdicts = 0.0, 0.0, []
-        for sample in (0, 1):
+        for sample in () if args.skip_eval else (0, 1):
             kernel = run / f"level_1_problem_{pid}_sample_{sample}_kernel.py"
             started = time.perf_counter()
             proc = subprocess.run([sys.executable, __file__, "--eval-child", str(problem), str(kernel)], capture_output=True, text=True)
@@ -142,7 +143,8 @@ def main() -> None:
         # the item's outcome, not its correctness stage: a correct sample can still fail in timing (the device's memory)
         ours = [next((i.get("outcome") for name, i in items.items() if name.endswith(f"sample_{k}")), None) for k in (0, 1)]
         speedup = same.get("speedup")
-        print(f"| {problem.stem} | {eval_s:.1f} | {loop_s:.1f} | {grader_s:.1f} | {grader_s / eval_s:.2f} | "
+        ratio = f"{grader_s / eval_s:.2f}" if eval_s else "-"
+        print(f"| {problem.stem} | {eval_s:.1f} | {loop_s:.1f} | {grader_s:.1f} | {ratio} | "
               f"{speedup if speedup is None else f'{speedup:.4f}'} | eval {verdicts}, ours {ours} |", flush=True)
     print(f"\nJSON and logs: {out}")
 
