@@ -93,10 +93,10 @@ def needs_cuda(ctx: ItemContext, failure: ChildFailure, who: str = "the case") -
 HINTS = (
     ("0 active drivers", "Triton found no GPU driver: without a GPU, Triton kernels run in its interpreter, which"
                          " cannot run @triton.autotune (its benchmarking needs a GPU); grade autotuned kernels on a GPU"),
-    ("CUDA out of memory", "each of the grader's processes holds the shape's data on the device at once: the trusted child every"
-                           " correctness trial's inputs, a copy of them and the reference's outputs, and the candidate's and the"
-                           " baseline's processes the trials' inputs again. For tensors of several GB, grade with fewer trials"
-                           " (--kcoral-trials 1) or on a GPU with more memory"),
+    ("CUDA out of memory", "each of the grader's processes holds the shape's data on the device at once: the trusted child a"
+                           " trial's inputs and the reference's outputs (every trial's while they take at most an eighth of the"
+                           " device), and the candidate's and the baseline's processes their own inputs and outputs. For tensors"
+                           " of several GB, grade with fewer trials (--kcoral-trials 1) or on a GPU with more memory"),
 )
 
 
