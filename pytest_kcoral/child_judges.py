@@ -6,10 +6,11 @@
   and inputs are copied here in its turn, and judged with the round's other checks at its end,
   all in one pass (``correctness.mismatch_tally``): a turn holds copies, not the reference's
   call and the comparison, and a check adds no wait for the device.
-- ``TrialCalls``: the correctness trials, with the inputs the reference was computed on (kept
-  here, or made again from their seeds when too large to keep: ``child_trusted.Trials``), judged in full as the correctness stage judges: the
-  structure, the values (or the case's own checker), the INPLACE results, every other input
-  unchanged, and what the trials tell together (outputs that ignore their inputs, a constant).
+- ``TrialCalls``: the correctness trials, on the inputs the reference was computed on (kept
+  here, or made again from their seeds when too large to keep: ``child_trusted.Trials``). Each
+  is judged in full, as the correctness stage judges: the structure, the values (or the case's
+  own checker), the INPLACE results, every other input unchanged, and what the trials tell
+  together (outputs that ignore their inputs, a constant).
 
 Both judge by the rules of ``correctness.py``; only the verdict and a few numbers go back to the
 pytest process.
