@@ -434,13 +434,16 @@ def outcome_grid(items: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
+def skipped_section(doc: dict) -> str:
+    """The candidates every item of which skipped: not failures, and not scored."""
+    return "\n".join(f"<p>Skipped, not scored: {esc(pair_name(c.get('case'), c.get('candidate')))}, all {esc(c.get('items'))} item(s):"
+                     f" {esc(c.get('reason'))}</p>" for c in doc.get("skipped_candidates") or [])
+
+
 def failures_section(doc: dict, items: Sequence[dict]) -> str:
     out = []
     for f in doc.get("failed_cases") or []:
         out.append(f'<p class="bad">Case failed: {esc(f.get("case"))} on {esc(", ".join(f.get("shapes") or []))}: {esc(f.get("reason"))}</p>')
-    for c in doc.get("skipped_candidates") or []:
-        out.append(f"<p>Skipped, not scored: {esc(pair_name(c.get('case'), c.get('candidate')))}, all {esc(c.get('items'))} item(s):"
-                   f" {esc(c.get('reason'))}</p>")
     for e in doc.get("collection_errors") or []:
         out.append(f"<details><summary class=\"bad\">Collection error: {esc(e.get('nodeid'))}</summary><pre>{esc(e.get('message'))}</pre></details>")
     failed = [it for it in items if it.get("outcome") == "failed"]
@@ -552,6 +555,9 @@ def render(doc: dict) -> str:
         parts.append(pair_chart(c, by_pair.get((c["case"], c["candidate"]), [])))
     parts += ["<h2>Outcomes</h2>", outcome_grid(items)]
     parts += ["<h2>Failures</h2>", failures_section(doc, items)]
+    skipped = skipped_section(doc)
+    if skipped:
+        parts += ["<h2>Skipped candidates</h2>", skipped]
     parts.append(compare_section(doc))
     parts += ["<h2>Timing distributions</h2>", distributions_section(items)]
     parts += ["<h2>Items</h2>", items_section(items)]
