@@ -429,17 +429,6 @@ def same_kinds(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_
     return True
 
 
-def ignores_inputs(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]]) -> bool:
-    """True when the reference's outputs differ between input sets but the candidate's do not."""
-    trials = [(o, r) for o, r in zip(outputs_per_trial, reference_per_trial) if o is not None]
-    if len(trials) < 2:
-        return False
-    (o0, r0), rest = trials[0], trials[1:]
-    ref_varies = any(not _same(r0, r) for _, r in rest)
-    out_varies = any(not _same(o0, o) for o, _ in rest)
-    return ref_varies and not out_varies
-
-
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     import torch
 
@@ -486,27 +475,13 @@ def _matches(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> bool:
     return not compare_outputs([out], [ref], tol)
 
 
-def constant_where_reference_varies(outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]],
-                                    tol: Tolerance) -> str | None:
-    """A constant output (zeros, a mean, a random number) where the reference's elements vary.
-
-    On a weak case (one that zeros or a constant would match within tolerance) such an output
-    passes the tolerance check; a kernel that computes something never returns the same value in
-    every element when the reference holds several distinct ones.
-    """
-    for t, (outs, refs) in enumerate(zip(outputs_per_trial, reference_per_trial)):
-        found = constant_output(t, outs, refs)
-        if found:
-            return found
-    return None
-
-
-def constant_output(t: int, outs: Sequence[Any] | None, refs: Sequence[Any]) -> str | None:
-    """``constant_where_reference_varies`` for trial ``t`` (counted from 0)."""
+def constant_output(t: int, outs: Sequence[Any], refs: Sequence[Any]) -> str | None:
+    """A constant output (zeros, a mean, a random number) in trial ``t`` (counted from 0) where the
+    reference's elements vary. On a weak case (one that zeros or a constant would match within
+    tolerance) such an output passes the tolerance check; a kernel that computes something never
+    returns the same value in every element when the reference holds several distinct ones."""
     import torch
 
-    if outs is None:
-        return None
     for i, (out, ref) in enumerate(zip(outs, refs)):
         if not (isinstance(out, torch.Tensor) and isinstance(ref, torch.Tensor)) or out.numel() < 2:
             continue
@@ -526,10 +501,20 @@ def constant_output(t: int, outs: Sequence[Any] | None, refs: Sequence[Any]) -> 
 
 
 class TrialsTogether:
-    """What the trials tell together (``same_kinds``, ``ignores_inputs``,
-    ``constant_where_reference_varies``), told one trial at a time and in trial order. Only the
-    first readable trial's outputs and reference are held: a feed of trials of many GB holds one
-    trial beside them (``child_judges.TrialCalls``)."""
+    """What the trials tell together, told one trial at a time and in trial order: whether every
+    output is of the reference's kind (``same_kinds``), outputs that do not depend on the inputs
+    while the reference's do (``ignores_inputs``), a constant output (``constant_output``). Only
+    the first readable trial's outputs and reference are held: a feed of trials of many GB holds
+    one trial beside them (``child_judges.TrialCalls``)."""
+
+    @classmethod
+    def of(cls, outputs_per_trial: Sequence[Sequence[Any] | None], reference_per_trial: Sequence[Sequence[Any]]) -> TrialsTogether:
+        """Every trial's outputs that came back (None: a trial's that did not)."""
+        together = cls()
+        for t, (outs, refs) in enumerate(zip(outputs_per_trial, reference_per_trial)):
+            if outs is not None:
+                together.add(t, outs, refs)
+        return together
 
     def __init__(self) -> None:
         self.same_kinds = True

@@ -372,8 +372,8 @@ class FeedReportReply(Message):
     # findings left to its reply), and what only all of them together tell
     trials: list[list[str]] = field(default_factory=list)
     same_kinds: bool = True  # every trial's outputs of the reference's kinds (``correctness.same_kinds``)
-    ignores_inputs: bool = False  # ``correctness.ignores_inputs``
-    constant: str = ""  # ``correctness.constant_where_reference_varies``
+    ignores_inputs: bool = False  # ``correctness.TrialsTogether.ignores_inputs``
+    constant: str = ""  # ``correctness.constant_output``, the first trial's that has one
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,9 @@ def run_and_judge(ctx: ItemContext, side: Transport, peer: str, ref: ReferenceDa
         outputs = reply.payload.outputs
         if peer != "candidate":  # the case's own code: its outputs against the reference's, no more
             return TrialVerdict(run_problems(reply, ref, ctx.tolerance))
-        return TrialVerdict(trial_problems(ctx, reply, ref, processes), correctness.same_kinds(outputs, ref.reference),
-                            correctness.ignores_inputs(outputs, ref.reference),
-                            correctness.constant_where_reference_varies(outputs, ref.reference, ctx.tolerance), reply.parameters_differ)
+        together = correctness.TrialsTogether.of(outputs, ref.reference)
+        return TrialVerdict(trial_problems(ctx, reply, ref, processes), together.same_kinds, together.ignores_inputs, together.constant,
+                            reply.parameters_differ)
     attach_feed(ctx, processes, ref, peer, side, stage, trials=True)
     try:
         reply = call()

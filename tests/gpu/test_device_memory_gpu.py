@@ -6,6 +6,7 @@ made again as they are fed (``child_trusted.Trials``)."""
 from __future__ import annotations
 
 import pytest
+from adversarial.attacks import COMPUTE_ONCE
 from grading import grade_in_subprocess
 from kernels import add_case
 
@@ -18,14 +19,6 @@ pytestmark = [
 
 from pytest_kcoral.child_outputs import RELEASE_CACHED_BYTES, release_cached_memory  # noqa: E402
 from pytest_kcoral.child_trusted import KEPT_SHARE, keeps_on_device  # noqa: E402
-
-FIRST_ANSWER_ALWAYS = """
-_first = []
-def run(a, b):
-    if not _first:
-        _first.append(a + b)
-    return _first[0]
-"""
 
 
 def test_large_cached_memory_goes_back_and_small_stays():
@@ -50,7 +43,7 @@ def test_trials_too_large_to_keep_are_made_again_and_judged_alike(tmp_path):
     n = int(KEPT_SHARE * total / (3 * 12)) + (1 << 20)  # three trials of two fp32 inputs and an output: just over the share
     assert not keeps_on_device(12 * n, 3, "cuda:0")
     candidates = {"same": "def run(a, b):\n    return a + b\n", "wrong": "def run(a, b):\n    return a - b\n",
-                  "first_answer": FIRST_ANSWER_ALWAYS}
+                  "first_answer": COMPUTE_ONCE}
     proc, doc = grade_in_subprocess(tmp_path, add_case([n]), candidates, "--kcoral-timing-budget", "0.3")
     items = {item["candidate"]: item for item in doc["items"]}
     assert items["same"]["outcome"] == "passed", proc.stdout[-3000:]
