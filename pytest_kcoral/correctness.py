@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -451,21 +451,47 @@ def is_weak_reference(reference: Sequence[Any], tol: Tolerance) -> bool:
     tensors = [r for r in reference if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() > 0]
     if not tensors:
         return False
-    if all(_matches(torch.zeros_like(r), r, tol) for r in tensors):
+    if all(_constant_matches(0.0, r, tol) for r in tensors):
         return True
     # any one-element output equals a constant: only outputs of several elements can say it is weak
     several = [r for r in tensors if r.numel() > 1]
-    return bool(several) and all(_matches(torch.full_like(r, _finite_mean(r)), r, tol) for r in several)
+    return bool(several) and all(_constant_matches(_finite_mean(r), r, tol) for r in several)
+
+
+def _slices(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """``t``'s elements in order, ``CHUNK_ELEMENTS`` at a time."""
+    flat = t.detach().reshape(-1)
+    for at in range(0, flat.numel(), CHUNK_ELEMENTS):
+        yield flat[at:at + CHUNK_ELEMENTS]
 
 
 def _finite_mean(t: torch.Tensor) -> float:
     """The mean of a tensor's finite elements (0 when none is): the constant a kernel that skips
-    the work would return. Computed in float64, which every floating dtype, fp8 included, converts to."""
+    the work would return. Summed in float64, which every floating dtype, fp8 included, converts
+    to, a slice at a time."""
     import torch
 
-    values = t.detach().to(torch.float64).flatten()
-    finite = values[torch.isfinite(values)]
-    return float(finite.mean()) if finite.numel() else 0.0
+    total, count = 0.0, 0
+    for part in _slices(t):
+        values = part.to(torch.float64)
+        finite = torch.isfinite(values)
+        total += float(torch.where(finite, values, 0.0).sum())
+        count += int(finite.sum())
+    return total / count if count else 0.0
+
+
+def _constant_matches(value: float, ref: torch.Tensor, tol: Tolerance) -> bool:
+    """Whether an output holding ``value`` (in ``ref``'s dtype) in every element passes against
+    ``ref``, with no output of ``ref``'s size made where the fast test decides."""
+    import torch
+
+    if tol.strict or ref.is_complex():  # the rules of several passes: a whole output to compare
+        return _matches(torch.full_like(ref, value), ref, tol)
+    work = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    constant = float(torch.full((), value, dtype=ref.dtype).to(work))  # rounded to the dtype, as a kernel's output would be
+    atol, rtol = tol.for_dtype(ref.dtype)
+    return all(bool(torch.isclose(torch.full_like(part, constant, dtype=work), part.to(work), rtol=rtol, atol=atol, equal_nan=True).all())
+               for part in _slices(ref))
 
 
 def _matches(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> bool:
@@ -487,17 +513,34 @@ def constant_output(t: int, outs: Sequence[Any], refs: Sequence[Any]) -> str | N
             continue
         if out.shape != ref.shape or not out.is_floating_point() or not ref.is_floating_point():
             continue
-        o = out.flatten()
-        if not bool((o == o[0]).all()):
-            continue  # the usual case, decided before the reference is converted
-        r = ref.to(torch.float64).flatten()
-        if not bool(torch.isfinite(r).all()):
+        first = out.detach().reshape(-1)[0]
+        if not all(bool((part == first).all()) for part in _slices(out)):
+            continue  # the usual case, decided before the reference is read
+        if not all(bool(torch.isfinite(part).all()) for part in _slices(ref)):
             continue
-        distinct = int(torch.unique(r).numel())
+        distinct, complete = _distinct_values(ref)
         if distinct >= _DISTINCT_VALUES:
-            return (f"trial {t + 1}: output {i} is the constant {float(o[0]):.6g} in every element while the reference's "
-                    f"{distinct} distinct values range over {float(r.max() - r.min()):.3g} (near-zero or constant output)")
+            low = min(float(part.min()) for part in _slices(ref))
+            high = max(float(part.max()) for part in _slices(ref))
+            counted = f"{distinct}" if complete else f"at least {distinct}"
+            return (f"trial {t + 1}: output {i} is the constant {float(first):.6g} in every element while the reference's "
+                    f"{counted} distinct values range over {high - low:.3g} (near-zero or constant output)")
     return None
+
+
+def _distinct_values(t: torch.Tensor) -> tuple[int, bool]:
+    """How many distinct values ``t`` holds, and whether that is all of them: exact for a tensor
+    of one slice (``CHUNK_ELEMENTS``); for a larger one, counted slice by slice only until
+    ``_DISTINCT_VALUES`` are found, so the values seen stay few."""
+    import torch
+
+    seen = None
+    for part in _slices(t):
+        values = torch.unique(part.to(torch.float64))
+        seen = values if seen is None else torch.unique(torch.cat([seen, values]))
+        if seen.numel() >= _DISTINCT_VALUES and t.numel() > CHUNK_ELEMENTS:
+            return int(seen.numel()), False
+    return (int(seen.numel()) if seen is not None else 0), True
 
 
 class TrialsTogether:

@@ -442,3 +442,71 @@ def test_large_tensors_are_compared_slice_by_slice_alike(monkeypatch):
     assert ints is not None and sliced is not None and ints[0] == sliced[0] and torch.equal(ints[1], sliced[1])
     assert ints[1][:, 0].tolist() == [5, 0]  # the four off, and the one where the reference is Inf
     assert correctness.changed_inputs([ref], [off]) == changed == [[0, changed[0][1]]] and changed[0][1] > 0
+
+
+def test_weak_and_constant_checks_read_large_references_slice_by_slice_alike(monkeypatch):
+    """Whether a case is weak, and whether an output is a constant where the reference varies, are
+    decided a slice at a time: no tensor of the reference's size is made for them, and the
+    verdicts do not depend on where the slices fall."""
+    import torch
+
+    from pytest_kcoral import correctness
+
+    torch.manual_seed(0)
+    loose = correctness.Tolerance(None, None, False)
+    references = {
+        "near zero": torch.randn(1000) * 1e-7,
+        "near a constant": 5 + torch.randn(1000) * 1e-7,
+        "near a constant, bf16": (5 + torch.randn(1000) * 1e-4).to(torch.bfloat16),
+        "varied": torch.randn(1000),
+        "varied, with an Inf": torch.cat([torch.randn(999), torch.tensor([float("inf")])]),
+    }
+    weak = {name: correctness.is_weak_reference([ref], loose) for name, ref in references.items()}
+    assert weak == {"near zero": True, "near a constant": True, "near a constant, bf16": True, "varied": False,
+                    "varied, with an Inf": False}
+    zeros = torch.zeros(1000)
+    three_values = torch.tensor([0.0, 1.0, 2.0]).repeat(334)[:1000]
+    whole = correctness.constant_output(0, [zeros], [references["varied"]])
+    assert whole is not None and "1000 distinct values range over" in whole
+    assert correctness.constant_output(0, [zeros], [three_values]) is None
+    assert correctness.constant_output(0, [zeros], [references["varied, with an Inf"]]) is None
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 7)
+    with _LargestResult() as largest:
+        assert {name: correctness.is_weak_reference([ref], loose) for name, ref in references.items()} == weak
+        sliced = correctness.constant_output(0, [zeros], [references["varied"]])
+    assert largest.elements <= 2 * 7, "a tensor of the reference's size was made"
+    assert sliced is not None and "at least" in sliced and sliced.split("range over")[1] == whole.split("range over")[1]
+    assert correctness.constant_output(0, [zeros], [three_values]) is None  # three values in every slice, and in all
+    assert correctness.constant_output(0, [zeros], [references["varied, with an Inf"]]) is None
+
+
+class _LargestResult:
+    """The most elements any torch operation's result held while entered (views of the inputs
+    included: a slice of a reference is a view, a copy of it is not)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import torch
+
+                result = func(*args, **(kwargs or {}))
+                for leaf in result if isinstance(result, (tuple, list)) else [result]:
+                    if isinstance(leaf, torch.Tensor) and not _returns_a_view(func):
+                        outer.elements = max(outer.elements, leaf.numel())
+                return result
+
+        self.elements = 0
+        self._mode = Watch()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+def _returns_a_view(func) -> bool:
+    return any(r.alias_info is not None for r in func._schema.returns)
