@@ -14,9 +14,10 @@ Every child that imports the case starts only from the case's files as collected
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from pytest_kcoral import confine, isolation
@@ -88,6 +89,9 @@ class LocalChildren:
         # further pairs' children, by pair (``further_candidate``, ``further_baseline``)
         self.further_candidates = KeptCandidates()
         self.further_baselines = CaseChildren(MAX_FURTHER_BASELINES)
+        # a case's trusted child that failed to start beside the first item's other children
+        # (``start_case_children``), raised where the item first needs it
+        self._trusted_failures: dict[Hashable, BaseException] = {}
 
     def case_spec(self, case: Case) -> dict[str, Any]:
         return case_spec(case, self.settings, self.device_kind, self.cpu_threads)
@@ -209,9 +213,43 @@ class LocalChildren:
                 raise skipped from None
             return StageFailed("timing", CASE_FAILED_PREFIX + describe_child_failure(failure), failure.phase, case_failed=True)
 
+    def start_case_children(self, ctx: ItemContext) -> CaseChildrenStart:
+        """The case's trusted child and, for a timed item, its baseline child, each started in a
+        thread of its own where none is kept, beside the candidate's child that this thread starts
+        next: on a case's first item the three start-ups (an interpreter each, a case import)
+        overlap. Ask for the baseline (``CaseChildrenStart.baseline``) before any candidate code of
+        the item runs, so the two import the case before a candidate could rewrite it. A trusted
+        child that fails to start fails the item where the item first needs it (``trusted``), as
+        one started there would."""
+        case = ctx.spec.case
+        key = (case.case_id, case.content_hash)
+
+        def baseline() -> Child | StageFailed | None:
+            return self.baseline(ctx) if ctx.timed else None
+
+        if self.trusted_children.peek(key) is not None:
+            return CaseChildrenStart([], baseline)  # a later item of the case: its children are kept
+
+        def start_trusted() -> None:
+            try:
+                self.trusted(case, ctx.budget)
+            except (ChildFailure, StageFailed) as failure:
+                self._trusted_failures[key] = failure
+
+        jobs: list[Callable[[], Any]] = [start_trusted]
+        if ctx.timed and self.baseline_children.peek(key) is None:
+            jobs.append(baseline)
+        pool = concurrent.futures.ThreadPoolExecutor(len(jobs), thread_name_prefix="kcoral-case-child")
+        started = [pool.submit(job) for job in jobs]
+        pool.shutdown(wait=False)
+        return CaseChildrenStart(started, baseline)
+
     def trusted(self, case: Case, budget: Budget) -> Child:
         """The case's trusted child, kept across items: it only ever imports the case."""
         key = (case.case_id, case.content_hash)
+        failure = self._trusted_failures.pop(key, None)
+        if failure is not None:
+            raise failure
         child = self.trusted_children.take(key)
         if child is None:
             require_case_as_collected(case, "correctness", "reference")
@@ -245,6 +283,25 @@ class LocalChildren:
         self.baseline_children.close()
         self.further_baselines.close()
         isolation.sweep_session_processes()
+
+
+class CaseChildrenStart:
+    """A case's children starting beside an item's candidate child (``LocalChildren.start_case_children``)."""
+
+    def __init__(self, started: list[concurrent.futures.Future[Any]], baseline: Callable[[], Child | StageFailed | None]) -> None:
+        self._started = started  # the trusted child's start, then the baseline's when it started too
+        self._baseline = baseline
+
+    def baseline(self) -> Child | StageFailed | None:
+        """The case's baseline child (``LocalChildren.baseline``; None for an untimed item), once
+        every start-up under way is over. Raises what the baseline's start raised (no CUDA: skipped)."""
+        answers = [future.result() for future in self._started]
+        return answers[1] if len(answers) == 2 else self._baseline()
+
+    def settle(self) -> None:
+        """Wait for the start-ups under way and start nothing more: the item failed first. Their
+        children are kept for the case's next item; a failure waits for whoever asks next."""
+        concurrent.futures.wait(self._started)
 
 
 class LocalProcesses:

@@ -55,6 +55,8 @@ def grade(spec: ItemSpec, result: ItemResult, settings: Settings, plan: Plan, de
         result.outcome = "failed"
         result.message = failure.message
         result.case_failed = failure.case_failed
+        if failure.case_failed:  # found after timing (the case's files changed): a speedup against a failed case means nothing
+            result.speedup = result.speedup_ci = None
         if failure.stage == "compile":  # also a compiler error at the first call (Triton, cpp_extension)
             result.compiled = False
         if failure.stage == "correctness" or failure.disqualifies:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pytest_kcoral import cpu_share, isolation
-from pytest_kcoral.children import LocalChildren, LocalProcesses, load_candidate
+from pytest_kcoral.children import LocalChildren, LocalProcesses, load_candidate, require_case_as_collected
 from pytest_kcoral.context import LOCAL, Budget, ItemContext, ItemSkipped, ItemSpec, LeaseFactory, StageFailed, timed_phase
 from pytest_kcoral.devices import DeviceSpec
 from pytest_kcoral.diagnostics import Diagnostics
@@ -106,7 +106,11 @@ class LocalExecutor:
                 self._diagnose(ctx, ref, "ncu")
             # the last word: the child's audit runs once more, and a reply left over in the
             # channel (a forged one answered a command before the genuine one) shows here
-            candidate_call(ctx, candidate, Finish(), "finish", "timing" if ctx.timed else "correctness")
+            last_stage = "timing" if ctx.timed else "correctness"
+            candidate_call(ctx, candidate, Finish(), "finish", last_stage)
+            # the case's children imported it before the candidate ran; a candidate that wrote
+            # into it meanwhile (no --kcoral-sandbox) fails here, not only the next child to start
+            require_case_as_collected(ctx.spec.case, last_stage, "finish")
             passed.append(True)
 
     def _compile(self, ctx: ItemContext, stack: contextlib.ExitStack) -> tuple[Child, Child | StageFailed | None]:
@@ -114,20 +118,23 @@ class LocalExecutor:
         baseline child (None in ``--kcoral-mode correctness``), or the case's failure to start it."""
         result = ctx.result
         candidate: Child | None = None
+        starting = self.children.start_case_children(ctx)
         try:
             with timed_phase(result, "compile"):
                 candidate = self.children.candidate(ctx, stack, reuse=True)
             stack.callback(_keep_output, candidate, result)
-            # before any candidate code of the item runs (``LocalChildren.baseline``); starting it
-            # is the case's work, not the item's: the item's deadline moves by what it took
+            # before any candidate code of the item runs (``LocalChildren.start_case_children``);
+            # the case's work, not the item's: the item's deadline moves by the wait
             with ctx.budget.paused():
-                baseline = self.children.baseline(ctx) if ctx.timed else None
+                baseline = starting.baseline()
             with timed_phase(result, "compile"):
                 candidate_call(ctx, candidate, load_candidate(ctx.spec), "import", "compile")
         except StageFailed:
+            starting.settle()
             self._record_baseline_only(ctx)
             raise
         finally:
+            starting.settle()
             if candidate is not None:  # which process ran the candidate, its how-manieth item there
                 result.extra.candidate_process = {"pid": candidate.pid, "item": candidate.items_served}
         result.compiled = True

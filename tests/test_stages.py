@@ -727,10 +727,11 @@ def test_process_pairs_must_be_auto_or_a_small_number(make_case, run_kcoral):
 
 
 def test_a_candidate_that_rewrites_the_case_fails_the_case_instead_of_reaching_its_baseline(make_case, run_kcoral, pytester):
-    """Without --kcoral-sandbox a candidate can write into the case tree. A child that would
-    import the case after that (the trusted child, the next item's children) finds the case's
-    files changed since collection and the case fails, saying so: no item is graded against
-    what the candidate wrote."""
+    """Without --kcoral-sandbox a candidate can write into the case tree. The case's trusted and
+    baseline children import it before the first candidate runs; the writer's item then fails at
+    its end, and a child that would import the case after that (the next item's) finds the
+    case's files changed since collection: the case fails, saying so, and no item is graded
+    against what the candidate wrote."""
     log = pytester.path / "calls.log"
     folder = make_case("cases/add", LOGGING_CASE.replace("__LOG__", repr(str(log))))
     rewriter = f"""
@@ -746,7 +747,7 @@ _case.write_text(_case.read_text().replace('log("B", a)', 'log("X", a)'))
     for item in items:
         assert item["case_failed"] is True and item["speedup"] is None
         assert "its files changed after collection (case.py)" in item["message"], item["message"]
-    assert [i["stage"] for i in items] == ["correctness", "compile"]  # the trusted child's start; the next candidate's
+    assert [i["stage"] for i in items] == ["timing", "compile"]  # the writer's item at its end; the next candidate's start
     assert not log.exists() or "X" not in {who for _, who, _, _ in _logged_calls(log)}
 
 
