@@ -92,6 +92,9 @@ class LocalChildren:
         # a case's trusted child that failed to start beside the first item's other children
         # (``start_case_children``), raised where the item first needs it
         self._trusted_failures: dict[Hashable, BaseException] = {}
+        # candidates whose import ran out of the item's time, by ``candidate_key``: the item
+        # where it did, and the message (``import_hung``)
+        self._import_hangs: dict[Hashable, tuple[str, str]] = {}
 
     def case_spec(self, case: Case) -> dict[str, Any]:
         return case_spec(case, self.settings, self.device_kind, self.cpu_threads)
@@ -128,6 +131,21 @@ class LocalChildren:
         ctx.budget.hold(child)
         child.items_served += 1
         return child
+
+    def note_import_hang(self, spec: ItemSpec, message: str) -> None:
+        """The candidate's import, in a fresh process, ran out of the item's time: its later
+        items fail at once (``import_hung``). A fresh process would hang again, most likely, and
+        each of the candidate's shapes would pay the whole --kcoral-timeout."""
+        self._import_hangs.setdefault(candidate_key(spec), (spec.nodeid, message))
+
+    def import_hung(self, spec: ItemSpec) -> StageFailed | None:
+        """The compile failure of a candidate whose import timed out in an earlier item, or None."""
+        hung = self._import_hangs.get(candidate_key(spec))
+        if hung is None:
+            return None
+        nodeid, message = hung
+        return StageFailed("compile", f"not imported again: its import timed out in {nodeid} (--kcoral-timeout"
+                           f" {self.settings.timeout_s:g} s), so its other shapes are not tried in this session\n{message}", "import")
 
     def keep_or_close(self, spec: ItemSpec, child: Child, passed: bool) -> None:
         """At the end of an item, before the device is given back: a child whose item passed is

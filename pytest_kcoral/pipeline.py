@@ -118,6 +118,10 @@ class LocalExecutor:
         baseline child (None in ``--kcoral-mode correctness``), or the case's failure to start it."""
         result = ctx.result
         candidate: Child | None = None
+        hung = self.children.import_hung(ctx.spec)
+        if hung is not None:
+            self._record_baseline_only(ctx)
+            raise hung
         starting = self.children.start_case_children(ctx)
         try:
             with timed_phase(result, "compile"):
@@ -128,7 +132,12 @@ class LocalExecutor:
             with ctx.budget.paused():
                 baseline = starting.baseline()
             with timed_phase(result, "compile"):
-                candidate_call(ctx, candidate, load_candidate(ctx.spec), "import", "compile")
+                try:
+                    candidate_call(ctx, candidate, load_candidate(ctx.spec), "import", "compile")
+                except StageFailed as failure:
+                    if candidate.timed_out and candidate.items_served == 1:  # a fresh process: the import itself hung
+                        self.children.note_import_hang(ctx.spec, failure.message)
+                    raise
         except StageFailed:
             starting.settle()
             self._record_baseline_only(ctx)
