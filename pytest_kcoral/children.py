@@ -254,6 +254,7 @@ class LocalChildren:
             except (ChildFailure, StageFailed) as failure:
                 self._trusted_failures[key] = failure
 
+        self._trusted_failures.pop(key, None)  # an earlier item's, never asked for (that item failed first): this start decides
         jobs: list[Callable[[], Any]] = [start_trusted]
         if ctx.timed and self.baseline_children.peek(key) is None:
             jobs.append(baseline)
