@@ -12,7 +12,11 @@
 # cost, ~10 s), scaling (the seen shapes of every bundled case with 1, 1 again, 2 and 4 workers;
 # two GPUs; ~9 min: a call of its own), drift (the short-kernel cases with 1 and 2 workers at the
 # default budget, ~2 min).
+# More parts: precision_off (every bundled item at --kcoral-precision off, its JSON for
+# bench/replay_stopping.py, ~3 min), aa (the tiny kernels A/A: two baseline children, ~1 min).
 # pytest gets SIGINT at its time limit, so it still prints which tests failed and why.
+# At most 8 files come back from a device call: past that, everything in the folder is packed
+# into one gpu_check.tgz at the end.
 # No part named: tests (one call's worth; attacks is the next call). Logs and JSON artifacts land in
 # the given folder.
 set -uo pipefail
@@ -97,6 +101,18 @@ for part in $parts; do
         cat "$out/drift.log"
         python3 bench/compare_runs.py /tmp/kcoral-drift/scaling_0_n1.json /tmp/kcoral-drift/scaling_1_n2.json \
             | tee "$out/drift_compare.log" ;;
-    *) echo "unknown part: $part (tests, suites, attacks, turn, probe, throughput, kernelbench, noise, self, events, scaling, drift)" >&2 ;;
+    precision_off)  # every bundled item with all of its rounds, for bench/replay_stopping.py (issue 28)
+        timeout -s INT 300 python3 bench/throughput.py --out /tmp/kcoral-precision-off --config 'off=--kcoral-precision off' \
+            > "$out/precision_off.log" 2>&1
+        cat "$out/precision_off.log"
+        cp /tmp/kcoral-precision-off/off-0.json "$out/precision_off.json" 2>/dev/null ;;
+    aa)     # do two baseline children read the tiny kernels' one-tick offsets too? (issue 28)
+        timeout -s INT 120 python3 bench/self_speedup.py --aa --out /tmp/kcoral-aa -- -k "self and (vector_add or kcoral_relu)" \
+            > "$out/aa.log" 2>&1
+        head -n 30 "$out/aa.log" ;;
+    *) echo "unknown part: $part (tests, suites, attacks, turn, probe, throughput, kernelbench, noise, self, events, scaling, drift, precision_off, aa)" >&2 ;;
     esac
 done
+if [ "$(find "$out" -type f | wc -l)" -gt 8 ]; then
+    tar czf /tmp/kcoral-gpu-check.tgz -C "$out" . && find "$out" -type f -delete && mv /tmp/kcoral-gpu-check.tgz "$out/gpu_check.tgz"
+fi
