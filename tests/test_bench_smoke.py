@@ -80,3 +80,21 @@ def test_round_probe_reads_rounds_in_a_plain_process_and_in_grading_children():
     assert len(parts) == 3 and "audit - (not in a grading child)" in parts[0], out
     assert all(re.search(r"audit +[\d.]+ ms", line) for line in parts[1:]), out  # the children's runner found and audited
     assert "a grading child (confinement off):" in out and "no figures" not in out, out
+
+
+def test_replay_stopping_replays_both_interval_rules_on_a_grading_json(tmp_path):
+    """``bench/replay_stopping.py`` on a grading JSON's rounds: a one-pair item whose rounds agree
+    within 0.1% stops at the fewest rounds under either rule; one whose rounds spread 3% runs on
+    under the median's distribution-free interval longer than under the mean's t-interval."""
+    import json
+
+    steady = [1.0 + 0.001 * (-1) ** k for k in range(64)]
+    spread = [1.0 + 0.03 * ((k * 7919) % 13 - 6) / 6 for k in range(64)]
+    items = [{"speedup": 1.0, "baseline_timing": {"round_medians_us": ratios}, "candidate_timing": {"round_medians_us": [1.0] * 64, "flags": []}}
+             for ratios in (steady, spread)]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"items": items}))
+    out = _bench("replay_stopping.py", "--interval", "median,mean", "--precision", "1%", "--cap", "32", str(path))
+    rows = {row.split("|")[1].strip(): int(row.split("|")[6]) for row in out.splitlines() if re.match(r"\| (median|mean) \| 1% \|", row)}
+    assert set(rows) == {"median", "mean"}, out
+    assert 6 + 6 <= rows["mean"] < rows["median"] <= 6 + 32, out  # the steady item stops at 6 under both
