@@ -44,6 +44,7 @@ def main() -> None:
     if not subs.exists():
         write_submissions(ROOT / "cases", subs)
     configs = [_parse(text) for text in args.config]
+    kinds: list[tuple[str, dict]] = []
     # each row as soon as its run ends: a run cut by a time limit leaves the rows before it
     print("| config | items | wall s | items/s | per item mean s | per item median s | "
           + " | ".join(f"{p} ms" for p in PHASES) + " | within 2% | outside 5% | failed |")
@@ -67,6 +68,13 @@ def main() -> None:
                     else:
                         os.environ[key] = value
             print("| " + " | ".join(_row(f"{name} #{turn + 1}", wall_s, doc)) + " |", flush=True)
+            kinds.append((f"{name} #{turn + 1}", doc))
+    # where issue 28's per-item time goes: items timed in several pairs of processes, in one, and
+    # each case's first item (which starts the case's processes)
+    print("\n| config | several pairs: items, mean s | one pair: items, mean s, median s | cases' first items: sum s | later items: mean s |")
+    print("|---|---|---|---|---|")
+    for label, doc in kinds:
+        print("| " + " | ".join([label, *_kinds(doc)]) + " |")
     print(f"\nJSON and logs: {out}")
 
 
@@ -82,6 +90,24 @@ def _parse(text: str) -> tuple[str, str | None, list[str]]:
     head, _, extra = text.partition("=")
     name, _, tree = head.partition("@")
     return name, tree or None, shlex.split(extra)
+
+
+def _kinds(doc: dict) -> list[str]:
+    """The items' wall times by kind: several pairs of processes or one; a case's first item or a later one."""
+    items = [i for i in graded_items(doc) if i["candidate"] == "self"]
+    several = [i["duration_s"] for i in items if ((i.get("candidate_timing") or {}).get("processes") or 1) > 1]
+    one = [i["duration_s"] for i in items if i.get("candidate_timing") and (i["candidate_timing"].get("processes") or 1) == 1]
+    seen: set[str] = set()
+    first, later = [], []
+    for i in items:
+        (later if i["case"] in seen else first).append(i["duration_s"])
+        seen.add(i["case"])
+
+    def mean(values: list[float]) -> str:
+        return f"{statistics.mean(values):.2f}" if values else "-"
+
+    return [f"{len(several)}, {mean(several)}", f"{len(one)}, {mean(one)}, {statistics.median(one):.2f}" if one else "0",
+            f"{sum(first):.1f}", mean(later)]
 
 
 def _row(label: str, wall_s: float, doc: dict) -> list[str]:
