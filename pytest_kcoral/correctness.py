@@ -516,12 +516,13 @@ def constant_output(t: int, outs: Sequence[Any], refs: Sequence[Any]) -> str | N
         first = out.detach().reshape(-1)[0]
         if not all(bool((part == first).all()) for part in _slices(out)):
             continue  # the usual case, decided before the reference is read
-        if not all(bool(torch.isfinite(part).all()) for part in _slices(ref)):
+        # float64 slices: torch has no isfinite, min or max for some fp8 dtypes
+        if not all(bool(torch.isfinite(part.to(torch.float64)).all()) for part in _slices(ref)):
             continue
         distinct, complete = _distinct_values(ref)
         if distinct >= _DISTINCT_VALUES:
-            low = min(float(part.min()) for part in _slices(ref))
-            high = max(float(part.max()) for part in _slices(ref))
+            low = min(float(part.to(torch.float64).min()) for part in _slices(ref))
+            high = max(float(part.to(torch.float64).max()) for part in _slices(ref))
             counted = f"{distinct}" if complete else f"at least {distinct}"
             return (f"trial {t + 1}: output {i} is the constant {float(first):.6g} in every element while the reference's "
                     f"{counted} distinct values range over {high - low:.3g} (near-zero or constant output)")

@@ -478,6 +478,10 @@ def test_weak_and_constant_checks_read_large_references_slice_by_slice_alike(mon
     assert sliced is not None and "at least" in sliced and sliced.split("range over")[1] == whole.split("range over")[1]
     assert correctness.constant_output(0, [zeros], [three_values]) is None  # three values in every slice, and in all
     assert correctness.constant_output(0, [zeros], [references["varied, with an Inf"]]) is None
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # dtypes torch has no isfinite, min or max for
+        varied = (torch.randn(1000) * 4).to(fp8)
+        assert "distinct values range over" in (correctness.constant_output(0, [zeros.to(fp8)], [varied]) or ""), fp8
+        assert correctness.constant_output(0, [varied], [varied]) is None
 
 
 class _LargestResult:
