@@ -32,6 +32,10 @@ from pytest_kcoral.options import Settings
 from pytest_kcoral.results import CASE_FAILED_PREFIX
 from pytest_kcoral.transport import Transport
 
+# Fresh processes whose import of a candidate timed out before its other shapes fail at once
+# (``LocalChildren.import_hung``).
+IMPORT_HANGS = 2
+
 
 def case_spec(case: Case, settings: Settings, device_kind: str, cpu_threads: int | None) -> dict[str, Any]:
     """What a child needs to import the case (``case_runtime.CaseRuntime``)."""
@@ -92,9 +96,9 @@ class LocalChildren:
         # a case's trusted child that failed to start beside the first item's other children
         # (``start_case_children``), raised where the item first needs it
         self._trusted_failures: dict[Hashable, BaseException] = {}
-        # candidates whose import ran out of the item's time, by ``candidate_key``: the item
-        # where it did, and the message (``import_hung``)
-        self._import_hangs: dict[Hashable, tuple[str, str]] = {}
+        # candidates whose import ran out of the item's time in a fresh process, by
+        # ``candidate_key``: each item where it did, and the last message (``import_hung``)
+        self._import_hangs: dict[Hashable, tuple[list[str], str]] = {}
 
     def case_spec(self, case: Case) -> dict[str, Any]:
         return case_spec(case, self.settings, self.device_kind, self.cpu_threads)
@@ -133,18 +137,19 @@ class LocalChildren:
         return child
 
     def note_import_hang(self, spec: ItemSpec, message: str) -> None:
-        """The candidate's import, in a fresh process, ran out of the item's time: its later
-        items fail at once (``import_hung``). A fresh process would hang again, most likely, and
-        each of the candidate's shapes would pay the whole --kcoral-timeout."""
-        self._import_hangs.setdefault(candidate_key(spec), (spec.nodeid, message))
+        """The candidate's import, in a fresh process, ran out of the item's time. After
+        ``IMPORT_HANGS`` such items its later ones fail at once (``import_hung``), so a candidate
+        that hangs at import costs its other shapes no further --kcoral-timeout each. One is
+        not enough: a build cut off at the timeout (``load_inline``) resumes in the next process."""
+        items, _ = self._import_hangs.get(candidate_key(spec), ([], ""))
+        self._import_hangs[candidate_key(spec)] = ([*items, spec.nodeid], message)
 
     def import_hung(self, spec: ItemSpec) -> StageFailed | None:
-        """The compile failure of a candidate whose import timed out in an earlier item, or None."""
-        hung = self._import_hangs.get(candidate_key(spec))
-        if hung is None:
+        """The compile failure of a candidate whose import timed out in ``IMPORT_HANGS`` earlier items, or None."""
+        items, message = self._import_hangs.get(candidate_key(spec), ([], ""))
+        if len(items) < IMPORT_HANGS:
             return None
-        nodeid, message = hung
-        return StageFailed("compile", f"not imported again: its import timed out in {nodeid} (--kcoral-timeout"
+        return StageFailed("compile", f"not imported again: its import timed out in {' and '.join(items)} (--kcoral-timeout"
                            f" {self.settings.timeout_s:g} s), so its other shapes are not tried in this session\n{message}", "import")
 
     def keep_or_close(self, spec: ItemSpec, child: Child, passed: bool) -> None:
@@ -255,6 +260,9 @@ class LocalChildren:
                 self._trusted_failures[key] = failure
 
         self._trusted_failures.pop(key, None)  # an earlier item's, never asked for (that item failed first): this start decides
+        # started here, in the main thread, if it is not running: the template dies with this
+        # process only when the main thread forked it (``isolation.ensure_template``)
+        isolation.ensure_template(self.env, self.sandbox)
         jobs: list[Callable[[], Any]] = [start_trusted]
         if ctx.timed and self.baseline_children.peek(key) is None:
             jobs.append(baseline)

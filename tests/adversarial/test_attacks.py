@@ -412,17 +412,19 @@ def test_hang_times_out(make_case, run_kcoral):
     assert time.monotonic() - started < 20
 
 
-def test_an_import_that_hangs_costs_the_timeout_once_not_once_per_shape(make_case, run_kcoral):
-    """A fresh process would hang at the import again: the candidate's later shapes fail at once,
-    naming the item where it hung."""
+def test_an_import_that_hangs_costs_the_timeout_twice_not_once_per_shape(make_case, run_kcoral):
+    """A fresh process would hang at the import again: after two did, the candidate's later shapes
+    fail at once, naming the items where it hung. (One is not enough: a build cut off at the
+    timeout resumes in the next process.)"""
     started = time.monotonic()
     hang = "import time\nwhile True:\n    time.sleep(0.1)\n"
-    result = _grade(make_case, run_kcoral, hang, *CORRECTNESS, "--kcoral-timeout", "3", case=add_case([64, 96, 128]))
-    result.assert_outcomes(failed=3)
-    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': timed out in phase 'import' (item timeout reached)*",
-                                 "*kcoral compile failed in phase 'import': not imported again: its import timed out in cases/add::attack?seen-n=64?"
-                                 " (--kcoral-timeout 3 s), so its other shapes are not tried in this session*"])
-    assert time.monotonic() - started < 3 * 2 + 10, "each shape paid the timeout"
+    result = _grade(make_case, run_kcoral, hang, *CORRECTNESS, "--kcoral-timeout", "5", case=add_case([64, 96, 128, 160, 192]))
+    result.assert_outcomes(failed=5)
+    result.stdout.fnmatch_lines(["*kcoral compile failed in phase 'import': timed out in phase 'import' (item timeout reached)*"])
+    # on a loaded machine the first item's start (the template's imports) may time out first: then three items hang, not two
+    again = [line for line in result.stdout.lines if "not imported again: its import timed out in cases/add::attack[seen-n=" in line]
+    assert len(again) >= 2 and all(" and cases/add::attack[seen-n=" in line and "(--kcoral-timeout 5 s)" in line for line in again), again
+    assert time.monotonic() - started < 4 * 5, "each shape paid the timeout"
 
 
 def test_fork_storm_is_stopped_and_fails(make_case, run_kcoral):
