@@ -188,9 +188,8 @@ def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
     if not tol.strict and _all_close(out, ref, atol, rtol):
         return []
     found = _Diagnosis()
-    flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
-    for at in range(0, flat_ref.numel(), CHUNK_ELEMENTS):
-        found.add(at, flat_out[at:at + CHUNK_ELEMENTS].to(torch.float64), flat_ref[at:at + CHUNK_ELEMENTS].to(torch.float64), atol, rtol, tol.strict)
+    for k, (o, r) in enumerate(zip(_slices(out), _slices(ref))):
+        found.add(k * CHUNK_ELEMENTS, o.to(torch.float64), r.to(torch.float64), atol, rtol, tol.strict)
     return found.problems(name, ref.numel(), ref.shape, atol, rtol, tol.strict)
 
 
@@ -273,9 +272,8 @@ def _all_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -
     import torch
 
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
-    flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
-    return all(bool(torch.isclose(flat_out[at:at + CHUNK_ELEMENTS].to(work), flat_ref[at:at + CHUNK_ELEMENTS].to(work), rtol=rtol, atol=atol,
-                                  equal_nan=True).all()) for at in range(0, flat_ref.numel(), CHUNK_ELEMENTS))
+    return all(bool(torch.isclose(o.to(work), r.to(work), rtol=rtol, atol=atol, equal_nan=True).all())
+               for o, r in zip(_slices(out), _slices(ref)))
 
 
 def mismatch_tally(outputs: Sequence[Sequence[Any]], reference: Sequence[Sequence[Any]], tol: Tolerance,
@@ -516,17 +514,29 @@ def constant_output(t: int, outs: Sequence[Any], refs: Sequence[Any]) -> str | N
         first = out.detach().reshape(-1)[0]
         if not all(bool((part == first).all()) for part in _slices(out)):
             continue  # the usual case, decided before the reference is read
-        # float64 slices: torch has no isfinite, min or max for some fp8 dtypes
-        if not all(bool(torch.isfinite(part.to(torch.float64)).all()) for part in _slices(ref)):
+        spread = _finite_range(ref)
+        if spread is None:
             continue
         distinct, complete = _distinct_values(ref)
         if distinct >= _DISTINCT_VALUES:
-            low = min(float(part.to(torch.float64).min()) for part in _slices(ref))
-            high = max(float(part.to(torch.float64).max()) for part in _slices(ref))
             counted = f"{distinct}" if complete else f"at least {distinct}"
             return (f"trial {t + 1}: output {i} is the constant {float(first):.6g} in every element while the reference's "
-                    f"{counted} distinct values range over {high - low:.3g} (near-zero or constant output)")
+                    f"{counted} distinct values range over {spread:.3g} (near-zero or constant output)")
     return None
+
+
+def _finite_range(t: torch.Tensor) -> float | None:
+    """``t``'s largest element less its smallest, in one pass over its slices; None when any is
+    NaN or infinite. In float64: torch has no isfinite, min or max for some fp8 dtypes."""
+    import torch
+
+    low, high = math.inf, -math.inf
+    for part in _slices(t):
+        values = part.to(torch.float64)
+        if not bool(torch.isfinite(values).all()):
+            return None
+        low, high = min(low, float(values.min())), max(high, float(values.max()))
+    return high - low
 
 
 def _distinct_values(t: torch.Tensor) -> tuple[int, bool]:
