@@ -526,8 +526,7 @@ def constant_output(t: int, outs: Sequence[Any], refs: Sequence[Any]) -> str | N
 
 
 def _finite_range(t: torch.Tensor) -> float | None:
-    """``t``'s largest element less its smallest, in one pass over its slices; None when any is
-    NaN or infinite. In float64: torch has no isfinite, min or max for some fp8 dtypes."""
+    """``t``'s max less its min, in one pass; None if any is NaN/Inf (float64: fp8 has no isfinite, min, max)."""
     import torch
 
     low, high = math.inf, -math.inf
